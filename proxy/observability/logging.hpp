@@ -1,0 +1,35 @@
+#pragma once
+// Logging setup and the access line. Never logs bodies, raw keys or secrets: the access
+// record carries only a short hash of tenant and key.
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "settings/settings.hpp"
+
+namespace idem::obs {
+
+// Configures the default spdlog logger (stderr) with the level and format (json | text).
+// Safe to call again on reload.
+void setup_logging(const settings::LogSettings& s);
+
+struct AccessRecord {
+  std::string_view route;     // "" for unmatched
+  std::string_view method;
+  std::string_view path;      // path only, query stripped (it may carry secrets)
+  std::string_view outcome;   // metrics outcome name
+  int status = 0;
+  double duration_ms = 0;
+  double upstream_ms = -1;    // < 0: no upstream call
+  double store_ms = -1;       // < 0: no store call
+  std::int64_t attempt = 0;   // 0: none
+  std::string_view key_hash;  // log_hash(tenant, key) or ""
+  std::string_view code;      // problem code or ""
+};
+
+void log_access(const AccessRecord& r);
+
+// JSON string escaping used by the json format (exposed for tests).
+std::string json_escape(std::string_view s);
+
+}  // namespace idem::obs

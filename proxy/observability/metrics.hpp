@@ -1,0 +1,61 @@
+#pragma once
+// Process-wide metrics, declared once. Thread-safe (atomics; labelled families behind a
+// mutex only when a new label value first appears). Rendered in the Prometheus text format.
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace idem::obs {
+
+// idemproxy_requests_total{route,outcome}: the contract's outcomes.
+enum class Outcome {
+  created,           // first request forwarded and its response recorded
+  replayed,          // stored response answered
+  key_reused,        // fingerprint mismatch
+  in_progress,       // wait used up while the first still runs
+  released,          // upstream answered outside `store` (or refused): claim released
+  unknown_outcome,   // upstream timed out / reset after send: lease expired at once
+  rejected,          // validation failure (4xx decided by idemproxy), forbidden principal
+  store_unavailable, // PostgreSQL unreachable or too slow
+  passthrough,       // unmatched route, or a key-less request on a non-required route
+};
+constexpr int kOutcomeCount = 9;
+std::string_view to_string(Outcome o) noexcept;
+
+// idemproxy_store_duration_seconds{op}
+enum class StoreOp { claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup };
+constexpr int kStoreOpCount = 10;
+std::string_view to_string(StoreOp op) noexcept;
+
+class Metrics {
+ public:
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  void request(std::string_view route, Outcome outcome, double seconds);
+  void upstream_duration(double seconds);
+  void store_duration(StoreOp op, double seconds);
+  void takeover();
+  void fenced_write();
+  void lease_renewal();
+  void expired_deleted(std::uint64_t n);
+  void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
+  void set_in_progress_oldest(double seconds);  // 0 when none
+
+  // Reads for tests and the admin endpoint.
+  std::uint64_t requests(std::string_view route, Outcome outcome) const;
+  std::uint64_t takeovers() const;
+  std::uint64_t fenced_writes() const;
+
+  std::string render_prometheus() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem::obs

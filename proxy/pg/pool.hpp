@@ -1,0 +1,72 @@
+#pragma once
+// Async PostgreSQL on Asio: a pool of non-blocking libpq connections living on one
+// io_context (one pool per worker thread; not thread-safe). Every call has a deadline;
+// a connection whose call timed out or failed mid-protocol is closed, never reused.
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+
+#include "common/types.hpp"
+#include "pg/result.hpp"
+
+namespace idem::pg {
+
+struct PreparedStatement {
+  std::string name;
+  std::string sql;
+};
+
+// A statement parameter: text format by default; binary for bytea payloads.
+struct Param {
+  std::string_view value;
+  bool null = false;
+  bool binary = false;
+  static Param text(std::string_view v) { return {v, false, false}; }
+  static Param bytes(std::string_view v) { return {v, false, true}; }
+  static Param null_value() { return {{}, true, false}; }
+};
+
+struct PoolOptions {
+  std::string conninfo;              // libpq URI or key=value conninfo
+  std::size_t size = 4;              // max open connections
+  Millis connect_timeout{5000};
+  Millis statement_timeout{2000};    // SET per session; the client deadline adds a margin
+  Millis acquire_timeout{2000};      // waiting for a free connection
+  Millis reconnect_backoff{250};     // after a failed connect, fail fast for this long
+  std::string application_name = "idemproxy";
+  std::vector<PreparedStatement> statements;  // prepared on every new connection
+};
+
+class Pool : public std::enable_shared_from_this<Pool> {
+ public:
+  static std::shared_ptr<Pool> create(asio::any_io_executor executor, PoolOptions options);
+  ~Pool();
+
+  // Runs a prepared statement on a pooled connection. Errors use pg::errc (see result.hpp):
+  // connection problems, timeouts, pool exhaustion, SQL errors with their SQLSTATE.
+  asio::awaitable<result<Result>> execute(std::string_view statement,
+                                          std::vector<Param> params);
+
+  // Runs an unprepared, parameterless statement (health probes, setup). Same errors.
+  asio::awaitable<result<Result>> query(std::string_view sql);
+
+  // Closes every idle connection and refuses new calls; in-flight calls finish.
+  void close();
+
+  std::size_t open_connections() const noexcept;
+  std::size_t idle_connections() const noexcept;
+  const PoolOptions& options() const noexcept;
+
+ private:
+  Pool(asio::any_io_executor executor, PoolOptions options);
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace idem::pg

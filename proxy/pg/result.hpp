@@ -1,0 +1,3 @@
+#pragma once
+// Placeholder: the pg helper defines Result and pg::errc here.
+namespace idem::pg { class Result; }

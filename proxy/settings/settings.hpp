@@ -1,0 +1,168 @@
+#pragma once
+// The validated configuration. settings/ is the only yaml-cpp user: every other
+// component receives these plain structs, shared as shared_ptr<const Settings> so a
+// reload swaps one pointer. Defaults here are the documented defaults (docs/configuration.md).
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/types.hpp"
+
+namespace idem::settings {
+
+// "host:port"; host may be an IPv4/IPv6 literal ("[::1]:8080") or a name.
+struct Endpoint {
+  std::string host;
+  std::uint16_t port = 0;
+};
+
+struct UpstreamSettings {
+  std::string url;            // as written (http://host:port[/base])
+  std::string host;           // parsed from url
+  std::uint16_t port = 80;    // parsed from url
+  std::string base_path;      // path prefix from url, "" when none ("/" is stored as "")
+  Millis connect_timeout{2000};
+  Millis response_timeout{30000};   // whole upstream exchange
+  std::size_t max_response_body = 8u << 20;
+};
+
+enum class MigrateMode { check, automatic, off };  // YAML: check | auto | off
+
+struct DatabaseSettings {
+  std::string url;           // libpq URI or conninfo (secret: masked when printed)
+  int pool_size = 8;         // per process, split across workers
+  Millis connect_timeout{5000};
+  Millis statement_timeout{2000};
+  MigrateMode migrate = MigrateMode::check;
+};
+
+struct TenantSettings {
+  std::string header = "X-Tenant-Id";
+  std::string principal_header;  // empty = principals are not checked
+};
+
+struct Limits {
+  std::size_t max_header_bytes = 16u << 10;
+  std::size_t max_request_body = 1u << 20;
+  Millis header_timeout{10000};
+  Millis body_timeout{30000};
+  Millis idle_timeout{75000};
+  std::size_t max_connections = 10000;
+};
+
+struct AdminSettings {
+  std::optional<Endpoint> listen = Endpoint{"127.0.0.1", 9901};  // "" disables
+  std::string token;  // secret; empty = admin paths only from loopback
+};
+
+enum class LogLevel { trace, debug, info, warn, error };
+enum class LogFormat { json, text };
+
+struct LogSettings {
+  LogLevel level = LogLevel::info;
+  LogFormat format = LogFormat::json;
+};
+
+struct CleanupSettings {
+  Millis interval{60000};
+  std::size_t batch = 1000;
+};
+
+enum class Unmatched { pass, reject };
+
+struct KeySettings {
+  std::string header = "Idempotency-Key";
+  bool required = true;
+  std::size_t max_length = 255;
+};
+
+struct FingerprintSettings {
+  std::string version = "1";
+  // JSON Pointers (RFC 6901), '*' segment = every array element. nullopt = whole body.
+  std::optional<std::vector<std::string>> fields;
+  std::vector<std::string> ignore;
+  // pointer -> default value as canonical JSON text (e.g. "\"EUR\"", "0", "null").
+  std::map<std::string, std::string> defaults;
+  std::vector<std::string> headers;  // request header names, as written
+  bool query = false;
+};
+
+// One entry of store.statuses: either a class ("2xx") or an exact code.
+struct StatusPattern {
+  int low = 0;   // inclusive
+  int high = 0;  // inclusive
+};
+
+struct StoreSettings {
+  std::vector<StatusPattern> statuses{{200, 299}, {400, 499}};
+  std::vector<int> except{408, 425, 429};
+  bool stores(int status) const;  // in statuses and not in except
+};
+
+struct RouteSettings {
+  std::string name;
+  std::string method;   // upper-case token
+  std::string path;     // exact or template with {name} segments
+  std::string scope;    // default "METHOD path"
+  KeySettings key;
+  FingerprintSettings fingerprint;
+  Millis retention{24LL * 3600 * 1000};
+  Millis lease{30000};
+  Millis wait{5000};
+  Millis retry_after{1000};
+  int mismatch_status = 409;  // 409 or 422
+  StoreSettings store;
+  std::vector<std::string> replay_headers{"Content-Type", "Location", "ETag"};
+  std::size_t max_stored_body = 1u << 20;
+};
+
+struct Settings {
+  std::string source_file;  // the file it was loaded from
+  Endpoint listen{"127.0.0.1", 8080};
+  // Event-loop threads; 0 = one per CPU. Not in the contract's example: documented extension.
+  int workers = 0;
+  UpstreamSettings upstream;
+  DatabaseSettings database;
+  TenantSettings tenant;
+  Limits limits;
+  AdminSettings admin;
+  LogSettings log;
+  CleanupSettings cleanup;
+  Unmatched unmatched = Unmatched::pass;
+  std::vector<RouteSettings> routes;
+};
+
+// Thrown only while loading: names the file, the line (1-based, 0 if unknown) and the key
+// path (e.g. "routes[0].lease"). main() turns it into exit status 2.
+class ConfigError : public std::runtime_error {
+ public:
+  ConfigError(std::string file, int line, std::string key, const std::string& message);
+  const std::string& file() const noexcept { return file_; }
+  int line() const noexcept { return line_; }
+  const std::string& key() const noexcept { return key_; }
+
+ private:
+  std::string file_;
+  int line_;
+  std::string key_;
+};
+
+// Reads, expands ${VAR} / ${VAR:-default}, validates. Throws ConfigError.
+std::shared_ptr<const Settings> load_file(const std::string& path);
+// Same, from text (tests); `name` stands in for the file name in errors.
+std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name);
+
+// The effective configuration as YAML, every key present, secrets masked
+// (database password in URL/conninfo, admin.token).
+std::string render_effective(const Settings& s);
+
+// Parsing helpers, exposed for tests and for other components' flags.
+std::optional<Millis> parse_duration(std::string_view text);     // "250ms" "5s" "2m" "24h" "7d"
+std::optional<std::size_t> parse_size(std::string_view text);    // "1024" "64KiB" "1MiB" "1GiB"
+
+}  // namespace idem::settings

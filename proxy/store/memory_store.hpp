@@ -1,0 +1,53 @@
+#pragma once
+// In-memory Store for unit tests of the gateway. Same semantics as PgStore (proven by the
+// shared conformance suite in tests/store/), with an injectable clock. Thread-safe.
+#include <chrono>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+
+#include "store/store.hpp"
+
+namespace idem::store {
+
+class MemoryStore final : public Store {
+ public:
+  using Clock = std::chrono::system_clock;
+  using Now = std::function<Clock::time_point()>;
+
+  explicit MemoryStore(Now now = [] { return Clock::now(); });
+
+  // Test switch: every call fails with errc::store_unavailable while set.
+  void set_unavailable(bool unavailable);
+  std::size_t size() const;
+
+  asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) override;
+  asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) override;
+  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const RecordId& id,
+                                                                 std::int64_t seen_attempt,
+                                                                 Millis lease) override;
+  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+      const ClaimRequest& req, std::int64_t seen_attempt) override;
+  asio::awaitable<result<bool>> complete(const RecordId& id, std::int64_t attempt,
+                                         const StoredResponse& response,
+                                         Millis retention) override;
+  asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t attempt) override;
+  asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t attempt,
+                                      Millis lease) override;
+  asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t attempt) override;
+  asio::awaitable<result<bool>> purge(const RecordId& id) override;
+  asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
+  asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+
+ private:
+  struct Row;
+  using Key = std::tuple<std::string, std::string, std::string>;
+  Now now_;
+  mutable std::mutex mutex_;
+  std::map<Key, std::shared_ptr<Row>> rows_;
+  bool unavailable_ = false;
+};
+
+}  // namespace idem::store

@@ -1,0 +1,41 @@
+#pragma once
+// The PostgreSQL Store: every operation is one prepared statement on a pooled async
+// connection (one round trip), scoped by the full primary key, decided by now().
+#include <memory>
+
+#include "pg/pool.hpp"
+#include "store/store.hpp"
+
+namespace idem::store {
+
+class PgStore final : public Store {
+ public:
+  // The pool must have been created with pg_store_statements() prepared on each connection.
+  explicit PgStore(std::shared_ptr<pg::Pool> pool);
+
+  asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) override;
+  asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) override;
+  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const RecordId& id,
+                                                                 std::int64_t seen_attempt,
+                                                                 Millis lease) override;
+  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+      const ClaimRequest& req, std::int64_t seen_attempt) override;
+  asio::awaitable<result<bool>> complete(const RecordId& id, std::int64_t attempt,
+                                         const StoredResponse& response,
+                                         Millis retention) override;
+  asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t attempt) override;
+  asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t attempt,
+                                      Millis lease) override;
+  asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t attempt) override;
+  asio::awaitable<result<bool>> purge(const RecordId& id) override;
+  asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
+  asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+
+ private:
+  std::shared_ptr<pg::Pool> pool_;
+};
+
+// The statements PgStore uses, to be prepared on every pooled connection.
+const std::vector<pg::PreparedStatement>& pg_store_statements();
+
+}  // namespace idem::store
