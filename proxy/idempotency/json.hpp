@@ -19,7 +19,9 @@ class Json {
     std::string canonical;  // exact canonical decimal form: 1000, 1000.0 and 1e3 -> same text
   };
   using Array = std::vector<Json>;
-  using Object = std::map<std::string, Json>;  // keys as UTF-8; order = canonical order
+  // Keys as UTF-8. The map iterates in UTF-8 byte order; canonical_text re-sorts members
+  // by UTF-16 code units (RFC 8785), which differs for U+E000..U+FFFF vs astral keys.
+  using Object = std::map<std::string, Json>;
   using Value = std::variant<std::nullptr_t, bool, Number, std::string, Array, Object>;
 
   Json() : value_(nullptr) {}

@@ -1,0 +1,461 @@
+// Request fingerprint: which parts of a request make it "the same operation", written
+// down as one canonical byte string and hashed.
+//
+// Body model. The body is parsed into an exact tree (json.cpp), then, in this order:
+//   1. defaults: for every `defaults` pointer, wherever its parent exists and is an
+//      object that lacks the member, the default is inserted ('*' in the middle visits
+//      every array element). Parents are never created: {} and {"shipping":{}} stay
+//      different bodies in whole-body mode, because a backend would treat them
+//      differently too; what we equate is "member omitted" with "member = its default",
+//      which is exactly what the backend does with a default. Shorter pointers apply
+//      first, so a default object can receive defaults of its own members.
+//   2. ignore: every `ignore` pointer is removed. Object members are deleted. Array
+//      elements addressed by an index or '*' are replaced by null rather than deleted,
+//      so positions of the other elements (and other ignore pointers) do not shift.
+//   3. selection: without `fields`, the resulting body is the selection. With `fields`,
+//      the selection is the object { pointer text -> selected value }, where a pointer
+//      (or, below a '*', one element's continuation of it) that selects nothing takes
+//      the pointer's default, else null, and a '*' over an array yields the array of its
+//      per-element results. A '*' on anything but an array selects nothing.
+// Applying defaults before ignore and both before selection makes the two modes agree:
+// an ignored member never counts, and an omitted member with a default counts as the
+// default whether or not its parent exists.
+//
+// Canonical form (what is hashed), each item as <decimal length> ':' <bytes> '\n':
+//   "idemproxy-fingerprint/1"          domain tag and version of this layout
+//   <fingerprint.version>              the operator's version (bump on config changes)
+//   <method> <scope>
+//   "fields" | "body"                  selection mode
+//   <canonical JSON of the selection>
+//   <headers block>                    item(count), then per header sorted by lower-case
+//                                      name: item(name), then item("-") if absent or
+//                                      item("+") item(OWS-trimmed value) if present
+//   "+" <canonical query> | "-"        query included (two items) or not (one item)
+// Length prefixes make the concatenation unambiguous: no choice of field contents can
+// make two different requests produce the same bytes.
+#include "idempotency/fingerprint.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+
+#include <openssl/evp.h>
+
+#include "idempotency/internal.hpp"
+
+namespace idem::idempotency {
+
+using Pointer = FingerprintSpec::Pointer;
+
+struct FingerprintAccess {
+  static const std::string& version(const FingerprintSpec& s) { return s.version_; }
+  static const std::optional<std::vector<Pointer>>& fields(const FingerprintSpec& s) {
+    return s.fields_;
+  }
+  static const std::vector<Pointer>& ignore(const FingerprintSpec& s) { return s.ignore_; }
+  static const std::vector<std::pair<Pointer, Json>>& defaults(const FingerprintSpec& s) {
+    return s.defaults_;
+  }
+};
+
+namespace {
+
+constexpr std::string_view kFingerprintDomain = "idemproxy-fingerprint/1";
+constexpr std::string_view kOperationDomain = "idemproxy-operation-id/1";
+constexpr std::string_view kLogHashDomain = "idemproxy-log-hash/1";
+
+// ---------------------------------------------------------------- encoding helpers
+
+void put(std::string& out, std::string_view item) {
+  out.append(std::to_string(item.size()));
+  out.push_back(':');
+  out.append(item);
+  out.push_back('\n');
+}
+
+char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+std::string lower_copy(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(), lower);
+  return out;
+}
+
+bool is_tchar(char c) noexcept {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+// ---------------------------------------------------------------- JSON Pointers
+
+bool is_wildcard(const std::string& seg) noexcept { return seg == "*"; }
+
+// RFC 6901 array index: "0" or digits without a leading zero. "-" (one past the end)
+// names no existing element, so it never matches anything.
+std::optional<std::size_t> array_index(std::string_view seg) noexcept {
+  if (seg.empty() || (seg.size() > 1 && seg.front() == '0')) return std::nullopt;
+  std::size_t v = 0;
+  for (const char c : seg) {
+    if (c < '0' || c > '9') return std::nullopt;
+    const auto d = static_cast<std::size_t>(c - '0');
+    if (v > (static_cast<std::size_t>(-1) - d) / 10) return std::nullopt;  // no array is that long
+    v = v * 10 + d;
+  }
+  return v;
+}
+
+std::optional<Pointer> parse_pointer(std::string_view text, std::string* why) {
+  Pointer p;
+  p.text = std::string(text);
+  if (text.empty()) return p;  // the whole document
+  if (text.front() != '/') {
+    *why = "a JSON Pointer must be empty or start with '/'";
+    return std::nullopt;
+  }
+  std::string seg;
+  for (std::size_t i = 1; i <= text.size(); ++i) {
+    if (i == text.size() || text[i] == '/') {
+      p.segments.push_back(std::move(seg));
+      seg.clear();
+      continue;
+    }
+    if (text[i] == '~') {
+      if (i + 1 < text.size() && (text[i + 1] == '0' || text[i + 1] == '1')) {
+        seg.push_back(text[i + 1] == '0' ? '~' : '/');
+        ++i;
+        continue;
+      }
+      *why = "'~' must be followed by 0 or 1";
+      return std::nullopt;
+    }
+    seg.push_back(text[i]);
+  }
+  return p;
+}
+
+const Json* child(const Json& node, const std::string& seg) {
+  if (const auto* o = node.as_object()) {
+    const auto it = o->find(seg);
+    return it == o->end() ? nullptr : &it->second;
+  }
+  if (const auto* a = node.as_array()) {
+    const auto idx = array_index(seg);
+    return (idx && *idx < a->size()) ? &(*a)[*idx] : nullptr;
+  }
+  return nullptr;
+}
+
+Json* child(Json& node, const std::string& seg) {
+  return const_cast<Json*>(child(static_cast<const Json&>(node), seg));
+}
+
+void apply_default(Json& node, const std::vector<std::string>& segs, std::size_t i,
+                   const Json& value) {
+  const std::string& seg = segs[i];
+  if (i + 1 == segs.size()) {
+    // Only object members can be "omitted"; compile() refuses a trailing '*'.
+    if (auto* o = node.as_object(); o != nullptr && o->find(seg) == o->end()) o->emplace(seg, value);
+    return;
+  }
+  if (is_wildcard(seg)) {
+    if (auto* a = node.as_array()) {
+      for (auto& e : *a) apply_default(e, segs, i + 1, value);
+    }
+    return;
+  }
+  if (Json* c = child(node, seg)) apply_default(*c, segs, i + 1, value);
+}
+
+void remove_at(Json& node, const std::vector<std::string>& segs, std::size_t i) {
+  const std::string& seg = segs[i];
+  const bool last = i + 1 == segs.size();
+  if (is_wildcard(seg)) {
+    if (auto* a = node.as_array()) {
+      for (auto& e : *a) {
+        if (last) {
+          e = Json();
+        } else {
+          remove_at(e, segs, i + 1);
+        }
+      }
+    }
+    return;
+  }
+  if (!last) {
+    if (Json* c = child(node, seg)) remove_at(*c, segs, i + 1);
+    return;
+  }
+  if (auto* o = node.as_object()) {
+    o->erase(seg);
+  } else if (Json* c = child(node, seg)) {
+    *c = Json();  // an array element: keep the other positions stable
+  }
+}
+
+std::optional<Json> select(const Json& node, const std::vector<std::string>& segs, std::size_t i,
+                           const Json& fallback) {
+  if (i == segs.size()) return node;
+  if (is_wildcard(segs[i])) {
+    const auto* a = node.as_array();
+    if (a == nullptr) return std::nullopt;
+    Json::Array out;
+    out.reserve(a->size());
+    for (const auto& e : *a) {
+      auto v = select(e, segs, i + 1, fallback);
+      out.push_back(v ? std::move(*v) : fallback);
+    }
+    return Json(Json::Value(std::move(out)));
+  }
+  if (const Json* c = child(node, segs[i])) return select(*c, segs, i + 1, fallback);
+  return std::nullopt;
+}
+
+// Whether a default at `p` can influence what `field` selects: `p` lies at or below
+// `field`. A '*' on either side may stand for any array position.
+bool within(const Pointer& field, const Pointer& p) {
+  if (field.segments.size() > p.segments.size()) return false;
+  for (std::size_t i = 0; i < field.segments.size(); ++i) {
+    const auto& f = field.segments[i];
+    const auto& q = p.segments[i];
+    if (f != q && !is_wildcard(f) && !is_wildcard(q)) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void config_error(const std::string& where, std::string_view pointer,
+                               const std::string& why) {
+  std::string msg = "fingerprint." + where + " \"";
+  msg.append(pointer);
+  msg += "\": " + why;
+  throw std::invalid_argument(msg);
+}
+
+// ---------------------------------------------------------------- body
+
+std::optional<Json> read_body(const RequestParts& request, FingerprintResult* failure) {
+  const auto fail = [&](FingerprintStatus st, std::string why) -> std::optional<Json> {
+    if (failure != nullptr) {
+      failure->status = st;
+      failure->value.clear();
+      failure->reason = std::move(why);
+    }
+    return std::nullopt;
+  };
+  // No body is a legitimate request (e.g. "POST /orders/42/cancel"); whatever the
+  // Content-Type claims, there is nothing to misread.
+  if (request.body.empty()) return Json();
+  if (!request.content_type) {
+    return fail(FingerprintStatus::unsupported_media_type, "request body without Content-Type");
+  }
+  if (!detail::is_json_media_type(*request.content_type)) {
+    return fail(FingerprintStatus::unsupported_media_type,
+                "Content-Type must be application/json or application/*+json");
+  }
+  std::string why;
+  auto body = parse_json(request.body, &why);
+  if (!body) return fail(FingerprintStatus::invalid_json, why);
+  return body;
+}
+
+Json selection(const FingerprintSpec& spec, Json body) {
+  const auto& defaults = FingerprintAccess::defaults(spec);
+  for (const auto& [ptr, value] : defaults) apply_default(body, ptr.segments, 0, value);
+  for (const auto& ptr : FingerprintAccess::ignore(spec)) remove_at(body, ptr.segments, 0);
+
+  const auto& fields = FingerprintAccess::fields(spec);
+  if (!fields) return body;
+
+  static const Json null_value;
+  Json::Object out;
+  for (const auto& field : *fields) {
+    const Json* fallback = &null_value;
+    for (const auto& [ptr, value] : defaults) {
+      if (ptr.text == field.text) fallback = &value;
+    }
+    auto v = select(body, field.segments, 0, *fallback);
+    out.emplace(field.text, v ? std::move(*v) : *fallback);
+  }
+  return Json(Json::Value(std::move(out)));
+}
+
+std::string hex(const unsigned char* data, std::size_t n) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(n * 2);
+  for (std::size_t i = 0; i < n; ++i) {
+    out.push_back(kHex[data[i] >> 4]);
+    out.push_back(kHex[data[i] & 0xF]);
+  }
+  return out;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------- compile
+
+FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s) {
+  FingerprintSpec spec;
+  spec.version_ = s.version;
+  std::string why;
+
+  if (s.fields) {
+    spec.fields_.emplace();
+    for (const auto& text : *s.fields) {
+      auto p = parse_pointer(text, &why);
+      if (!p) config_error("fields", text, why);
+      for (const auto& other : *spec.fields_) {
+        if (other.text == text) config_error("fields", text, "listed twice");
+      }
+      spec.fields_->push_back(std::move(*p));
+    }
+  }
+
+  for (const auto& text : s.ignore) {
+    auto p = parse_pointer(text, &why);
+    if (!p) config_error("ignore", text, why);
+    if (p->segments.empty()) config_error("ignore", text, "cannot ignore the whole body");
+    // Ignoring a field (or a parent of one) would pin it to its default/null forever:
+    // certainly a configuration mistake, and one that would silently let different
+    // requests share a fingerprint.
+    if (spec.fields_) {
+      for (const auto& f : *spec.fields_) {
+        if (f.segments.size() >= p->segments.size() &&
+            std::equal(p->segments.begin(), p->segments.end(), f.segments.begin())) {
+          config_error("ignore", text, "removes the field \"" + f.text + "\"");
+        }
+      }
+    }
+    spec.ignore_.push_back(std::move(*p));
+  }
+
+  for (const auto& [text, value_text] : s.defaults) {
+    auto p = parse_pointer(text, &why);
+    if (!p) config_error("defaults", text, why);
+    if (p->segments.empty()) config_error("defaults", text, "the whole body cannot have a default");
+    if (is_wildcard(p->segments.back())) {
+      config_error("defaults", text, "the last segment cannot be '*' (array elements are never omitted)");
+    }
+    // A default that no field can see is almost certainly a typo, and a silent one:
+    // requests omitting the member would then fingerprint differently from requests
+    // spelling out the default.
+    if (spec.fields_ && std::none_of(spec.fields_->begin(), spec.fields_->end(),
+                                     [&](const Pointer& f) { return within(f, *p); })) {
+      config_error("defaults", text, "is neither a field nor inside one, so it would have no effect");
+    }
+    auto value = parse_json(value_text, &why);
+    if (!value) config_error("defaults", text, "value is not valid JSON (" + why + ")");
+    spec.defaults_.emplace_back(std::move(*p), std::move(*value));
+  }
+  // Parents before children (see the body model above); ties keep the map's text order.
+  std::stable_sort(spec.defaults_.begin(), spec.defaults_.end(), [](const auto& a, const auto& b) {
+    return a.first.segments.size() < b.first.segments.size();
+  });
+
+  for (std::size_t i = 0; i < s.headers.size(); ++i) {
+    const std::string& name = s.headers[i];
+    if (name.empty() || !std::all_of(name.begin(), name.end(), is_tchar)) {
+      throw std::invalid_argument("fingerprint.headers \"" + name + "\": not a valid header name");
+    }
+    for (std::size_t j = 0; j < i; ++j) {
+      if (lower_copy(s.headers[j]) == lower_copy(name)) {
+        throw std::invalid_argument("fingerprint.headers \"" + name + "\": listed twice");
+      }
+    }
+  }
+  spec.header_names_ = s.headers;
+  spec.query_ = s.query;
+  return spec;
+}
+
+// ------------------------------------------------------------------- hashing
+
+std::optional<std::string> canonical_form(const FingerprintSpec& spec, const RequestParts& request,
+                                          FingerprintResult* failure) {
+  auto body = read_body(request, failure);
+  if (!body) return std::nullopt;
+
+  std::string out;
+  put(out, kFingerprintDomain);
+  put(out, FingerprintAccess::version(spec));
+  put(out, request.method);
+  put(out, request.scope);
+  put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
+  put(out, canonical_text(selection(spec, std::move(*body))));
+
+  // Sorted by lower-case name so reordering the configured list (or its spelling of
+  // case) does not change fingerprints; names are case-insensitive in HTTP.
+  const auto& names = spec.header_names();
+  std::vector<std::pair<std::string, const std::optional<std::string>*>> headers;
+  static const std::optional<std::string> absent;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    // A caller that passes fewer values than names gets "absent" for the rest.
+    headers.emplace_back(lower_copy(names[i]),
+                         i < request.header_values.size() ? &request.header_values[i] : &absent);
+  }
+  std::sort(headers.begin(), headers.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::string block;
+  put(block, std::to_string(headers.size()));
+  for (const auto& [name, value] : headers) {
+    put(block, name);
+    if (*value) {
+      put(block, "+");
+      put(block, detail::trim_ows(**value));
+    } else {
+      put(block, "-");
+    }
+  }
+  put(out, block);
+
+  if (spec.include_query()) {
+    put(out, "+");
+    put(out, detail::canonical_query(request.query));
+  } else {
+    put(out, "-");
+  }
+  return out;
+}
+
+FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& request) {
+  FingerprintResult r;
+  auto form = canonical_form(spec, request, &r);
+  if (!form) return r;
+  r.status = FingerprintStatus::ok;
+  r.value = sha256_hex(*form);
+  return r;
+}
+
+std::string operation_id(std::string_view tenant, std::string_view scope, std::string_view key) {
+  std::string in;
+  put(in, kOperationDomain);
+  put(in, tenant);
+  put(in, scope);
+  put(in, key);
+  return sha256_hex(in);
+}
+
+std::string log_hash(std::string_view tenant, std::string_view key) {
+  // A separate domain tag: the log hash must not be a prefix of anything else we send
+  // (operation ids go upstream; logs go to other people).
+  std::string in;
+  put(in, kLogHashDomain);
+  put(in, tenant);
+  put(in, key);
+  return sha256_hex(in).substr(0, 12);
+}
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1 || len != 32) {
+    // Only a broken OpenSSL installation (no SHA-256 provider) or memory exhaustion
+    // gets here. Returning anything would risk equal fingerprints for different
+    // requests, i.e. replaying someone else's response; stopping is the safe failure.
+    std::fputs("idemproxy: SHA-256 unavailable from OpenSSL, aborting\n", stderr);
+    std::abort();
+  }
+  return hex(md, len);
+}
+
+}  // namespace idem::idempotency

@@ -1,0 +1,139 @@
+// Small pieces of HTTP text handling the fingerprint needs: media types, query strings.
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "idempotency/internal.hpp"
+
+namespace idem::idempotency::detail {
+
+namespace {
+
+char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+bool iequals(std::string_view a, std::string_view b) noexcept {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
+}
+
+bool ends_with_ci(std::string_view s, std::string_view suffix) noexcept {
+  return s.size() >= suffix.size() && iequals(s.substr(s.size() - suffix.size()), suffix);
+}
+
+// RFC 9110 tchar: media type and subtype are tokens.
+bool is_tchar(char c) noexcept {
+  if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9')) return true;
+  return std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos;
+}
+
+bool is_token(std::string_view s) noexcept {
+  return !s.empty() && std::all_of(s.begin(), s.end(), is_tchar);
+}
+
+int hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// application/x-www-form-urlencoded decoding: '+' is a space, %XX a byte. A '%' that
+// does not start a valid escape is kept as a literal '%' (as WHATWG URL parsing does),
+// so a sloppy client still gets a stable canonical form instead of a hard failure.
+std::string form_decode(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (c == '+') {
+      out.push_back(' ');
+    } else if (c == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(c);
+    }
+  }
+  return out;
+}
+
+// RFC 3986 unreserved characters stay literal; every other byte becomes %XX (upper
+// case). One spelling per byte string, whatever escaping the client chose.
+void append_encoded(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    const bool unreserved = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                            c == '-' || c == '.' || c == '_' || c == '~';
+    if (unreserved) {
+      out.push_back(c);
+    } else {
+      out.push_back('%');
+      out.push_back(kHex[u >> 4]);
+      out.push_back(kHex[u & 0xF]);
+    }
+  }
+}
+
+}  // namespace
+
+std::string_view trim_ows(std::string_view s) noexcept {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool is_json_media_type(std::string_view content_type) noexcept {
+  std::string_view mt = content_type.substr(0, content_type.find(';'));
+  mt = trim_ows(mt);
+  const std::size_t slash = mt.find('/');
+  if (slash == std::string_view::npos) return false;
+  const std::string_view type = mt.substr(0, slash);
+  const std::string_view subtype = mt.substr(slash + 1);
+  if (!is_token(type) || !is_token(subtype) || !iequals(type, "application")) return false;
+  // Structured syntax suffix (RFC 6839): application/problem+json, application/vnd.x+json.
+  // A bare "+json" has no actual subtype and is not a media type anyone registers.
+  return iequals(subtype, "json") || (subtype.size() > 5 && ends_with_ci(subtype, "+json"));
+}
+
+// Canonical query string. Rules, chosen so that spellings a form-decoding backend reads
+// identically collapse, and nothing it reads differently does:
+//   - split on '&', drop empty parts (a&&b == a&b, trailing '&' ignored);
+//   - name/value split at the first '='; "a" and "a=" are the same (empty value), as in
+//     form decoding;
+//   - decode with form rules ('+' is a space, %XX a byte, a malformed '%' stays literal);
+//   - re-encode: unreserved characters literal, every other byte %XX upper case (so a
+//     space is always %20 and a literal plus always %2B);
+//   - sort by (decoded name, decoded value) bytewise; join as name=value with '&'.
+// Repeated names are kept (a=1&a=1 differs from a=1). Sorting means a=2&a=1 equals
+// a=1&a=2: a backend that treats repeated parameters as an ordered list would see a
+// difference we do not. That trade-off is accepted because the usual query on a
+// mutating route is a flag set, where order is noise.
+std::string canonical_query(std::string_view raw) {
+  std::vector<std::pair<std::string, std::string>> params;
+  std::size_t pos = 0;
+  while (pos <= raw.size()) {
+    std::size_t amp = raw.find('&', pos);
+    if (amp == std::string_view::npos) amp = raw.size();
+    const std::string_view part = raw.substr(pos, amp - pos);
+    pos = amp + 1;
+    if (part.empty()) continue;
+    const std::size_t eq = part.find('=');
+    if (eq == std::string_view::npos) {
+      params.emplace_back(form_decode(part), std::string());
+    } else {
+      params.emplace_back(form_decode(part.substr(0, eq)), form_decode(part.substr(eq + 1)));
+    }
+  }
+  std::sort(params.begin(), params.end());
+  std::string out;
+  for (const auto& [name, value] : params) {
+    if (!out.empty()) out.push_back('&');
+    append_encoded(out, name);
+    out.push_back('=');
+    append_encoded(out, value);
+  }
+  return out;
+}
+
+}  // namespace idem::idempotency::detail
