@@ -2,16 +2,24 @@
 // Logging setup and the access line. Never logs bodies, raw keys or secrets: the access
 // record carries only a short hash of tenant and key.
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
 #include "settings/settings.hpp"
+
+namespace spdlog::sinks {
+class sink;
+}
 
 namespace idem::obs {
 
 // Configures the default spdlog logger (stderr) with the level and format (json | text).
 // Safe to call again on reload.
 void setup_logging(const settings::LogSettings& s);
+// Same, writing to `sink` instead of stderr (tests capture lines with an ostream sink).
+// Replacing the sink replaces the loggers: do that before other threads log.
+void setup_logging(const settings::LogSettings& s, std::shared_ptr<spdlog::sinks::sink> sink);
 
 struct AccessRecord {
   std::string_view route;     // "" for unmatched
@@ -29,7 +37,8 @@ struct AccessRecord {
 
 void log_access(const AccessRecord& r);
 
-// JSON string escaping used by the json format (exposed for tests).
+// JSON string escaping used by the json format (exposed for tests): the content between
+// the quotes, without the quotes; invalid UTF-8 becomes U+FFFD.
 std::string json_escape(std::string_view s);
 
 }  // namespace idem::obs

@@ -139,12 +139,15 @@ struct Settings {
 
 // Thrown only while loading: names the file, the line (1-based, 0 if unknown) and the key
 // path (e.g. "routes[0].lease"). main() turns it into exit status 2.
+// what() is the message alone; full_message() is "file:line: key: message" (the line and
+// the key left out when unknown).
 class ConfigError : public std::runtime_error {
  public:
   ConfigError(std::string file, int line, std::string key, const std::string& message);
   const std::string& file() const noexcept { return file_; }
   int line() const noexcept { return line_; }
   const std::string& key() const noexcept { return key_; }
+  std::string full_message() const;
 
  private:
   std::string file_;
@@ -160,6 +163,11 @@ std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::st
 // The effective configuration as YAML, every key present, secrets masked
 // (database password in URL/conninfo, admin.token).
 std::string render_effective(const Settings& s);
+
+// database.url with the password replaced by "****": the user:password part of a URI, its
+// password= / sslpassword= parameters, and the same keys of a conninfo string. For logs and
+// error messages that name the database.
+std::string mask_database_url(std::string_view url);
 
 // Parsing helpers, exposed for tests and for other components' flags.
 std::optional<Millis> parse_duration(std::string_view text);     // "250ms" "5s" "2m" "24h" "7d"

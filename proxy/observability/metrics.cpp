@@ -1,0 +1,407 @@
+// Process-wide metrics in the Prometheus text exposition format 0.0.4.
+//
+// Every metric is declared once, in IDEM_METRICS below: its member, cell type, exposed name,
+// label and help text. Declaration, storage and rendering all expand from that list, so a
+// metric cannot be recorded without being exposed, or exposed with a stale name.
+//
+// Concurrency: a cell is a set of relaxed atomics (metrics need no ordering with anything
+// else). A labelled family is a singly linked list that only grows; readers walk it without
+// a lock, a writer takes the family's mutex only to publish a new label value. Series are
+// never removed, so a pointer handed out stays valid for the life of the Metrics object.
+#include "observability/metrics.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace idem::obs {
+
+std::string_view to_string(Outcome o) noexcept {
+  switch (o) {
+    case Outcome::created: return "created";
+    case Outcome::replayed: return "replayed";
+    case Outcome::key_reused: return "key_reused";
+    case Outcome::in_progress: return "in_progress";
+    case Outcome::released: return "released";
+    case Outcome::unknown_outcome: return "unknown_outcome";
+    case Outcome::rejected: return "rejected";
+    case Outcome::store_unavailable: return "store_unavailable";
+    case Outcome::passthrough: return "passthrough";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(StoreOp op) noexcept {
+  switch (op) {
+    case StoreOp::claim: return "claim";
+    case StoreOp::read: return "read";
+    case StoreOp::take_over: return "take_over";
+    case StoreOp::replace: return "replace";
+    case StoreOp::complete: return "complete";
+    case StoreOp::release: return "release";
+    case StoreOp::renew: return "renew";
+    case StoreOp::expire_lease: return "expire_lease";
+    case StoreOp::purge: return "purge";
+    case StoreOp::cleanup: return "cleanup";
+  }
+  return "unknown";
+}
+
+namespace {
+
+constexpr auto kRelaxed = std::memory_order_relaxed;
+
+// Request, upstream and store latencies share one scale: sub-millisecond store round trips
+// on a local database up to the 30s default upstream timeout.
+constexpr std::array<double, 15> kLatencyBuckets{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                 0.025,  0.05,  0.1,    0.25,  0.5,
+                                                 1,      2.5,   5,      10,    30};
+
+// Labels whose values come from outside a fixed list (route names, error kinds) are capped:
+// a bug that feeds request data into a label must not grow memory and scrape size forever.
+constexpr std::size_t kMaxSeriesPerFamily = 1000;
+constexpr std::string_view kOverflowLabel = "_overflow";
+
+// Store error kinds the pg layer reports; created up front so dashboards see 0, not nothing.
+constexpr std::array<std::string_view, 4> kKnownStoreErrors{"unavailable", "timeout", "busy",
+                                                            "protocol"};
+
+struct Counter {
+  std::atomic<std::uint64_t> value{0};
+  void add(std::uint64_t n) noexcept { value.fetch_add(n, kRelaxed); }
+  std::uint64_t get() const noexcept { return value.load(kRelaxed); }
+};
+
+struct Gauge {
+  std::atomic<double> value{0};
+};
+
+struct Histogram {
+  // counts[i] holds observations in (bounds[i-1], bounds[i]]; the last slot is above every
+  // bound. Rendering accumulates them, so observing touches exactly one bucket.
+  std::array<std::atomic<std::uint64_t>, kLatencyBuckets.size() + 1> counts{};
+  std::atomic<double> sum{0};
+
+  void observe(double v) noexcept {
+    // NaN would poison the sum forever; a negative duration is a clock artefact.
+    if (std::isnan(v)) return;
+    v = std::max(v, 0.0);
+    const auto slot = static_cast<std::size_t>(
+        std::lower_bound(kLatencyBuckets.begin(), kLatencyBuckets.end(), v) - kLatencyBuckets.begin());
+    counts[slot].fetch_add(1, kRelaxed);
+    sum.fetch_add(v, kRelaxed);
+  }
+};
+
+// idemproxy_requests_total is keyed by route; the outcome is an enum, so its nine counters
+// sit in one cell and a request costs one route lookup.
+struct OutcomeCounters {
+  std::array<Counter, kOutcomeCount> by_outcome;
+};
+
+template <class Cell>
+class Family {
+ public:
+  struct Series {
+    std::string label;
+    Cell cell;
+    Series* next = nullptr;
+  };
+
+  Family(const char* name, const char* label, const char* help)
+      : name_(name), label_(label), help_(help) {
+    // An unlabelled metric has exactly one series, present from the start.
+    if (label_.empty()) get("");
+  }
+  ~Family() {
+    for (Series* s = head_.load(); s != nullptr;) {
+      Series* next = s->next;
+      delete s;
+      s = next;
+    }
+  }
+  Family(const Family&) = delete;
+  Family& operator=(const Family&) = delete;
+
+  const Cell* find(std::string_view label) const noexcept {
+    for (const Series* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      if (s->label == label) return &s->cell;
+    }
+    return nullptr;
+  }
+
+  Cell& get(std::string_view label) {
+    if (const Cell* c = find(label)) return const_cast<Cell&>(*c);
+    std::lock_guard lock(mutex_);
+    // Re-check under the lock: another thread may have published the same label meanwhile.
+    if (const Cell* c = find(label)) return const_cast<Cell&>(*c);
+    if (size_ >= kMaxSeriesPerFamily && label != kOverflowLabel) {
+      if (const Cell* c = find(kOverflowLabel)) return const_cast<Cell&>(*c);
+      label = kOverflowLabel;
+    }
+    auto* s = new Series{std::string(label), {}, head_.load(kRelaxed)};
+    ++size_;
+    // Release: a reader that sees the node also sees its label and zeroed cell.
+    head_.store(s, std::memory_order_release);
+    return s->cell;
+  }
+
+  // Series in label order, so scrapes are stable and diffable.
+  template <class F>
+  void for_each_sorted(F&& f) const {
+    std::vector<const Series*> all;
+    for (const Series* s = head_.load(std::memory_order_acquire); s != nullptr; s = s->next) {
+      all.push_back(s);
+    }
+    std::sort(all.begin(), all.end(), [](auto* a, auto* b) { return a->label < b->label; });
+    for (const Series* s : all) f(s->label, s->cell);
+  }
+
+  const std::string& name() const { return name_; }
+  const std::string& label() const { return label_; }
+  const std::string& help() const { return help_; }
+
+ private:
+  std::string name_;
+  std::string label_;
+  std::string help_;
+  std::atomic<Series*> head_{nullptr};
+  std::mutex mutex_;
+  std::size_t size_ = 0;
+};
+
+// clang-format off
+#define IDEM_METRICS(X)                                                                          \
+  X(requests,           OutcomeCounters, "idemproxy_requests_total",             "route",        \
+    "Requests handled, by route and outcome.")                                                   \
+  X(request_duration,   Histogram,       "idemproxy_request_duration_seconds",   "route",        \
+    "Time from the first byte of a request to the last byte of its response.")                   \
+  X(upstream_duration,  Histogram,       "idemproxy_upstream_duration_seconds",  "",             \
+    "Duration of upstream exchanges, from connect to the end of the response.")                  \
+  X(store_duration,     Histogram,       "idemproxy_store_duration_seconds",     "op",           \
+    "Duration of idempotency store operations, by operation.")                                   \
+  X(takeovers,          Counter,         "idemproxy_takeovers_total",            "",             \
+    "Claims taken over after the previous owner's lease expired.")                               \
+  X(fenced_writes,      Counter,         "idemproxy_fenced_writes_total",        "",             \
+    "Completions or releases refused because a newer attempt owns the record.")                  \
+  X(lease_renewals,     Counter,         "idemproxy_lease_renewals_total",       "",             \
+    "Lease renewals by owners waiting on the upstream.")                                         \
+  X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
+    "Expired records deleted by the retention task.")                                            \
+  X(store_errors,       Counter,         "idemproxy_store_errors_total",         "kind",         \
+    "Failed store operations, by kind of failure.")                                              \
+  X(in_progress_oldest, Gauge,           "idemproxy_in_progress_oldest_seconds", "",             \
+    "Age of the oldest in-progress record (0 when none): a stuck claim shows here.")
+// clang-format on
+
+// --- Prometheus text format -------------------------------------------------------------
+
+// Shortest text that reads back as the same double. Sample values may use exponents; bucket
+// bounds are written in fixed notation because `le` is matched as a string by queries and
+// every client library spells 0.0005 that way, never "5e-04".
+void append_double(std::string& out, double v, bool fixed = false) {
+  if (std::isnan(v)) {
+    out += "NaN";
+  } else if (std::isinf(v)) {
+    out += v > 0 ? "+Inf" : "-Inf";
+  } else {
+    std::array<char, 64> buf{};
+    const auto [end, ec] = fixed ? std::to_chars(buf.data(), buf.data() + buf.size(), v, std::chars_format::fixed)
+                                 : std::to_chars(buf.data(), buf.data() + buf.size(), v);
+    out.append(buf.data(), ec == std::errc{} ? end : buf.data());
+  }
+}
+
+void append_label_value(std::string& out, std::string_view v) {
+  out += '"';
+  for (char c : v) {
+    switch (c) {
+      case '\\': out += "\\\\"; break;
+      case '"': out += "\\\""; break;
+      case '\n': out += "\\n"; break;
+      default: out += c;
+    }
+  }
+  out += '"';
+}
+
+void append_help(std::string& out, std::string_view v) {
+  for (char c : v) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+}
+
+// One sample line: name{labels} value. `extra` is an already formatted label pair (le=...,
+// outcome=...) that follows the family's own label.
+void append_sample_start(std::string& out, std::string_view name, std::string_view suffix,
+                         const std::string& label, std::string_view value,
+                         std::string_view extra_name = {}, std::string_view extra_value = {}) {
+  out += name;
+  out += suffix;
+  const bool has_label = !label.empty();
+  const bool has_extra = !extra_name.empty();
+  if (has_label || has_extra) {
+    out += '{';
+    if (has_label) {
+      out += label;
+      out += '=';
+      append_label_value(out, value);
+    }
+    if (has_extra) {
+      if (has_label) out += ',';
+      out += extra_name;
+      out += '=';
+      append_label_value(out, extra_value);
+    }
+    out += '}';
+  }
+  out += ' ';
+}
+
+constexpr const char* type_of(const Counter*) { return "counter"; }
+constexpr const char* type_of(const OutcomeCounters*) { return "counter"; }
+constexpr const char* type_of(const Gauge*) { return "gauge"; }
+constexpr const char* type_of(const Histogram*) { return "histogram"; }
+
+template <class Cell>
+void render_cell(std::string& out, const Family<Cell>& f, const std::string& value, const Counter& c) {
+  append_sample_start(out, f.name(), "", f.label(), value);
+  out += std::to_string(c.get());
+  out += '\n';
+}
+
+template <class Cell>
+void render_cell(std::string& out, const Family<Cell>& f, const std::string& value, const Gauge& g) {
+  append_sample_start(out, f.name(), "", f.label(), value);
+  append_double(out, g.value.load(kRelaxed));
+  out += '\n';
+}
+
+template <class Cell>
+void render_cell(std::string& out, const Family<Cell>& f, const std::string& value,
+                 const OutcomeCounters& c) {
+  for (int i = 0; i < kOutcomeCount; ++i) {
+    append_sample_start(out, f.name(), "", f.label(), value, "outcome",
+                        to_string(static_cast<Outcome>(i)));
+    out += std::to_string(c.by_outcome[static_cast<std::size_t>(i)].get());
+    out += '\n';
+  }
+}
+
+template <class Cell>
+void render_cell(std::string& out, const Family<Cell>& f, const std::string& value, const Histogram& h) {
+  // Buckets are read once and accumulated here; _count is the +Inf bucket by construction,
+  // so a scrape racing with observations is still self-consistent (sum may lag by a sample).
+  std::uint64_t cumulative = 0;
+  std::string le;
+  for (std::size_t i = 0; i < h.counts.size(); ++i) {
+    cumulative += h.counts[i].load(kRelaxed);
+    le.clear();
+    if (i < kLatencyBuckets.size()) {
+      append_double(le, kLatencyBuckets[i], true);
+    } else {
+      le = "+Inf";
+    }
+    append_sample_start(out, f.name(), "_bucket", f.label(), value, "le", le);
+    out += std::to_string(cumulative);
+    out += '\n';
+  }
+  append_sample_start(out, f.name(), "_sum", f.label(), value);
+  append_double(out, h.sum.load(kRelaxed));
+  out += '\n';
+  append_sample_start(out, f.name(), "_count", f.label(), value);
+  out += std::to_string(cumulative);
+  out += '\n';
+}
+
+template <class Cell>
+void render_family(std::string& out, const Family<Cell>& f) {
+  out += "# HELP ";
+  out += f.name();
+  out += ' ';
+  append_help(out, f.help());
+  out += "\n# TYPE ";
+  out += f.name();
+  out += ' ';
+  out += type_of(static_cast<const Cell*>(nullptr));
+  out += '\n';
+  f.for_each_sorted([&](const std::string& label, const Cell& cell) { render_cell(out, f, label, cell); });
+}
+
+}  // namespace
+
+struct Metrics::Impl {
+#define IDEM_DECLARE_FAMILY(member, Cell, name, label, help) Family<Cell> member{name, label, help};
+  IDEM_METRICS(IDEM_DECLARE_FAMILY)
+#undef IDEM_DECLARE_FAMILY
+
+  // Cells whose label values are known up front, resolved once so their hot path is a
+  // single atomic add.
+  Histogram& upstream = upstream_duration.get("");
+  Counter& takeover = takeovers.get("");
+  Counter& fenced = fenced_writes.get("");
+  Counter& renewal = lease_renewals.get("");
+  Counter& expired = expired_deleted.get("");
+  Gauge& oldest = in_progress_oldest.get("");
+  std::array<Histogram*, kStoreOpCount> store_ops{};
+
+  Impl() {
+    for (int i = 0; i < kStoreOpCount; ++i) {
+      store_ops[static_cast<std::size_t>(i)] = &store_duration.get(to_string(static_cast<StoreOp>(i)));
+    }
+    for (auto kind : kKnownStoreErrors) store_errors.get(kind);
+  }
+};
+
+Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
+Metrics::~Metrics() = default;
+
+void Metrics::request(std::string_view route, Outcome outcome, double seconds) {
+  const auto i = static_cast<std::size_t>(outcome);
+  if (i < static_cast<std::size_t>(kOutcomeCount)) impl_->requests.get(route).by_outcome[i].add(1);
+  impl_->request_duration.get(route).observe(seconds);
+}
+
+void Metrics::upstream_duration(double seconds) { impl_->upstream.observe(seconds); }
+
+void Metrics::store_duration(StoreOp op, double seconds) {
+  const auto i = static_cast<std::size_t>(op);
+  if (i < impl_->store_ops.size()) impl_->store_ops[i]->observe(seconds);
+}
+
+void Metrics::takeover() { impl_->takeover.add(1); }
+void Metrics::fenced_write() { impl_->fenced.add(1); }
+void Metrics::lease_renewal() { impl_->renewal.add(1); }
+void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
+void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
+void Metrics::set_in_progress_oldest(double seconds) { impl_->oldest.value.store(seconds, kRelaxed); }
+
+std::uint64_t Metrics::requests(std::string_view route, Outcome outcome) const {
+  const auto i = static_cast<std::size_t>(outcome);
+  const auto* c = impl_->requests.find(route);
+  return c != nullptr && i < static_cast<std::size_t>(kOutcomeCount) ? c->by_outcome[i].get() : 0;
+}
+
+std::uint64_t Metrics::takeovers() const { return impl_->takeover.get(); }
+std::uint64_t Metrics::fenced_writes() const { return impl_->fenced.get(); }
+
+std::string Metrics::render_prometheus() const {
+  std::string out;
+  out.reserve(16 * 1024);
+#define IDEM_RENDER_FAMILY(member, Cell, name, label, help) render_family(out, impl_->member);
+  IDEM_METRICS(IDEM_RENDER_FAMILY)
+#undef IDEM_RENDER_FAMILY
+  return out;
+}
+
+}  // namespace idem::obs

@@ -1,0 +1,707 @@
+// YAML -> Settings. The walk is explicit (one function per section, one line per key) rather
+// than table-driven: every key's type, range and error message is visible next to its name,
+// and the struct defaults in settings.hpp stay the single source of default values.
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "settings/detail.hpp"
+#include "settings/settings.hpp"
+
+namespace idem::settings {
+
+namespace {
+
+using detail::SyntaxError;
+
+// A YAML node with where it came from, so every error names file, line and key.
+struct Item {
+  YAML::Node node;
+  std::string path;  // "routes[1].fingerprint.fields[2]"
+  int line = 0;      // 1-based; 0 when unknown
+};
+
+int line_of(const YAML::Node& n, int fallback) {
+  const auto mark = n.Mark();
+  return mark.is_null() || mark.line < 0 ? fallback : mark.line + 1;
+}
+
+std::string describe(const YAML::Node& n) {
+  switch (n.Type()) {
+    case YAML::NodeType::Null: return "nothing (null)";
+    case YAML::NodeType::Scalar: return "'" + n.Scalar() + "'";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Undefined: break;
+  }
+  return "nothing";
+}
+
+bool is_identifier_key(std::string_view k) {
+  return !k.empty() && std::all_of(k.begin(), k.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_';
+  });
+}
+
+std::string child_path(const std::string& parent, std::string_view key) {
+  // Keys such as "/currency" (defaults) read better quoted than dotted.
+  const std::string k = is_identifier_key(key) ? std::string(key) : detail::json_quote(key);
+  if (parent.empty()) return k;
+  return is_identifier_key(key) ? parent + "." + k : parent + "[" + k + "]";
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  std::transform(out.begin(), out.end(), out.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+// Edit distance, to suggest "connect_timeout" for "conect_timeout".
+std::size_t distance(std::string_view a, std::string_view b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diag = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+class Loader {
+ public:
+  Loader(std::string file, detail::EnvLookup env) : file_(std::move(file)), env_(std::move(env)) {}
+
+  [[noreturn]] void fail(int line, const std::string& key, const std::string& message) const {
+    throw ConfigError(file_, line, key, message);
+  }
+  [[noreturn]] void fail(const Item& at, const std::string& message) const {
+    fail(at.line, at.path, message);
+  }
+
+  // The scalar's text after ${VAR} expansion; every typed reader starts here, so
+  // "pool_size: ${POOL:-8}" is expanded before it is read as a number.
+  std::string text(const Item& it) const {
+    if (!it.node.IsScalar()) {
+      fail(it, "expected a value, got " + describe(it.node) +
+                   (it.node.IsNull() ? " (write \"\" for an empty string)" : ""));
+    }
+    try {
+      return detail::expand_env(it.node.Scalar(), env_);
+    } catch (const SyntaxError& e) {
+      fail(it, e.what());
+    }
+  }
+
+  // A string that must not be empty and must not hide control characters (a stray tab or
+  // newline in a header name or scope would never match anything).
+  std::string word(const Item& it, bool allow_empty = false) const {
+    auto s = text(it);
+    if (s.empty() && !allow_empty) fail(it, "must not be empty");
+    if (std::any_of(s.begin(), s.end(), [](char c) {
+          return static_cast<unsigned char>(c) < 0x20 || c == 0x7f;
+        })) {
+      fail(it, "must not contain control characters");
+    }
+    return s;
+  }
+
+  bool boolean(const Item& it) const {
+    const auto s = text(it);
+    if (s == "true" || s == "True" || s == "TRUE") return true;
+    if (s == "false" || s == "False" || s == "FALSE") return false;
+    fail(it, "expected true or false, got '" + s + "'");
+  }
+
+  std::int64_t integer(const Item& it, std::int64_t min, std::int64_t max) const {
+    const auto s = text(it);
+    const auto v = detail::parse_int(s);
+    if (!v) fail(it, "expected an integer, got '" + s + "'");
+    if (*v < min || *v > max) {
+      fail(it, "must be between " + std::to_string(min) + " and " + std::to_string(max) +
+                   ", got " + s);
+    }
+    return *v;
+  }
+
+  Millis duration(const Item& it, Millis min) const {
+    const auto s = text(it);
+    Millis d{};
+    try {
+      d = detail::duration_checked(s);
+    } catch (const SyntaxError& e) {
+      fail(it, e.what());
+    }
+    if (d < min) fail(it, "must be at least " + detail::format_duration(min) + ", got " + s);
+    return d;
+  }
+
+  std::size_t size(const Item& it, std::size_t min, std::size_t max) const {
+    const auto s = text(it);
+    std::size_t v = 0;
+    try {
+      v = detail::size_checked(s);
+    } catch (const SyntaxError& e) {
+      fail(it, e.what());
+    }
+    if (v < min || v > max) {
+      fail(it, "must be between " + detail::format_size(min) + " and " + detail::format_size(max) +
+                   ", got " + s);
+    }
+    return v;
+  }
+
+  template <class E>
+  E choice(const Item& it, std::initializer_list<std::pair<std::string_view, E>> options) const {
+    const auto s = text(it);
+    std::string names;
+    for (const auto& [name, value] : options) {
+      if (s == name) return value;
+      names += (names.empty() ? "" : " | ") + std::string(name);
+    }
+    fail(it, "invalid value '" + s + "': expected " + names);
+  }
+
+  std::string token(const Item& it, std::string_view what) const {
+    const auto s = text(it);
+    if (!detail::is_token(s)) fail(it, "'" + s + "' is not a valid " + std::string(what));
+    return s;
+  }
+
+  template <class F>
+  auto with_syntax(const Item& it, F&& f) const -> decltype(f()) {
+    try {
+      return f();
+    } catch (const SyntaxError& e) {
+      fail(it, e.what());
+    }
+  }
+
+  std::vector<Item> list(const Item& it) const {
+    if (!it.node.IsSequence()) fail(it, "expected a list, got " + describe(it.node));
+    std::vector<Item> items;
+    std::size_t i = 0;
+    for (const auto& n : it.node) {
+      items.push_back({n, it.path + "[" + std::to_string(i++) + "]", line_of(n, it.line)});
+    }
+    return items;
+  }
+
+  // A list of names compared case-insensitively (header names): duplicates are refused
+  // because they are always a copy-paste slip.
+  std::vector<std::string> header_list(const Item& it) const {
+    std::vector<std::string> out;
+    std::set<std::string> seen;
+    for (const auto& h : list(it)) {
+      auto name = token(h, "header name");
+      if (!seen.insert(lower(name)).second) fail(h, "header '" + name + "' is listed twice");
+      out.push_back(std::move(name));
+    }
+    return out;
+  }
+
+  std::string pointer(const Item& it) const {
+    auto p = text(it);
+    if (!detail::is_json_pointer(p)) {
+      fail(it, "'" + p + "' is not a JSON Pointer (RFC 6901): it must be \"\" or start with '/', "
+               "and '~' must be written ~0, '/' inside a name ~1");
+    }
+    return p;
+  }
+
+  // A fingerprint default as JSON text. The YAML tag decides the type: a quoted "100" is a
+  // string, a plain 100 a number, so the author's quoting means what it means in JSON.
+  std::string json_value(const Item& it) const {
+    const auto& n = it.node;
+    if (n.IsNull()) return "null";
+    if (n.IsSequence()) {
+      std::string out = "[";
+      bool first = true;
+      for (const auto& child : list(it)) {
+        out += (first ? "" : ",") + json_value(child);
+        first = false;
+      }
+      return out + "]";
+    }
+    if (n.IsMap()) {
+      // Sorted keys: the canonical form the fingerprint hashes.
+      std::map<std::string, std::string> members;
+      for (const auto& kv : n) {
+        const Item key{kv.first, it.path, line_of(kv.first, it.line)};
+        if (!kv.first.IsScalar()) fail(key, "mapping keys must be plain strings");
+        const auto& k = kv.first.Scalar();
+        const Item value{kv.second, child_path(it.path, k), key.line};
+        if (!members.emplace(k, json_value(value)).second) fail(value, "duplicate key '" + k + "'");
+      }
+      std::string out = "{";
+      bool first = true;
+      for (const auto& [k, v] : members) {
+        out += (first ? "" : ",") + detail::json_quote(k) + ":" + v;
+        first = false;
+      }
+      return out + "}";
+    }
+    const std::string tag = n.Tag();
+    auto s = text(it);
+    if (tag == "!" || tag == "tag:yaml.org,2002:str") return detail::json_quote(s);
+    if (tag != "?") {
+      fail(it, "unsupported YAML tag '" + tag + "': quote strings, write numbers, true, false "
+               "and null plainly");
+    }
+    if (s == "true" || s == "True" || s == "TRUE") return "true";
+    if (s == "false" || s == "False" || s == "FALSE") return "false";
+    if (s == "null" || s == "Null" || s == "NULL" || s == "~") return "null";
+    if (detail::is_json_number(s)) return s;
+    // YAML reads ".5", "+1", "0x1F" or ".inf" as numbers, JSON has no such forms: guessing
+    // either way would hash something the author did not mean.
+    static const std::regex yaml_number(
+        R"([-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)([eE][-+]?[0-9]+)?|0o[0-7]+|0x[0-9a-fA-F]+|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN))");
+    if (std::regex_match(s, yaml_number)) {
+      fail(it, "'" + s + "' is a YAML number but not a JSON number: write it as JSON "
+               "(e.g. 0.5, 1, 1e3) or quote it to make it a string");
+    }
+    return detail::json_quote(s);
+  }
+
+ private:
+  std::string file_;
+  detail::EnvLookup env_;
+};
+
+// A YAML mapping whose keys are checked against the allowed set when it is opened, so an
+// unknown or misspelt key is reported even when a later key has a bad value.
+class Map {
+ public:
+  Map(const Loader& loader, const Item& self, std::initializer_list<std::string_view> allowed)
+      : loader_(loader), self_(self) {
+    if (self.node.IsNull() && self.path.empty()) return;  // an empty file: all defaults
+    if (!self.node.IsMap()) loader.fail(self, "expected a mapping, got " + describe(self.node));
+    std::vector<Item> merges;
+    for (const auto& kv : self.node) {
+      const int line = line_of(kv.first, self.line);
+      if (!kv.first.IsScalar()) loader.fail(line, self.path, "keys must be plain names");
+      const std::string& key = kv.first.Scalar();
+      Item item{kv.second, child_path(self.path, key), line};
+      if (key == "<<" && kv.first.Tag() == "?") {
+        // YAML merge key ("<<: *route_defaults"), which yaml-cpp 0.7 leaves to the
+        // application: routes sharing lease, store and replay settings are the common case.
+        if (item.node.IsMap()) {
+          merges.push_back(item);
+        } else if (item.node.IsSequence()) {
+          for (const auto& m : loader.list(item)) merges.push_back(m);
+        } else {
+          loader.fail(item, "'<<' merges a mapping (or a list of mappings), got " + describe(item.node));
+        }
+        continue;
+      }
+      add(loader, key, std::move(item), allowed, true);
+    }
+    // Explicit keys win over merged ones, and earlier merged mappings over later ones.
+    for (const auto& source : merges) {
+      if (!source.node.IsMap()) loader.fail(source, "'<<' merges mappings, got " + describe(source.node));
+      for (const auto& kv : source.node) {
+        if (!kv.first.IsScalar()) loader.fail(source, "keys must be plain names");
+        const std::string& key = kv.first.Scalar();
+        add(loader, key, Item{kv.second, child_path(self.path, key), line_of(kv.first, source.line)},
+            allowed, false);
+      }
+    }
+  }
+
+  std::optional<Item> get(std::string_view key) const {
+    for (const auto& [k, item] : entries_) {
+      if (k == key) return item;
+    }
+    return std::nullopt;
+  }
+
+  Item required(std::string_view key) const {
+    if (auto item = get(key)) return *item;
+    loader_.fail(self_.line, child_path(self_.path, key),
+                 "missing required key '" + std::string(key) + "'");
+  }
+
+  const Item& self() const { return self_; }
+
+ private:
+  void add(const Loader& loader, const std::string& key, Item item,
+           std::initializer_list<std::string_view> allowed, bool explicit_key) {
+    if (key == "<<") loader.fail(item, "nested merge keys are not supported");
+    if (std::find(allowed.begin(), allowed.end(), key) == allowed.end()) {
+      loader.fail(item, "unknown key '" + key + "'" + suggestion(key, allowed));
+    }
+    if (std::any_of(entries_.begin(), entries_.end(), [&](const auto& e) { return e.first == key; })) {
+      if (!explicit_key) return;  // overridden by the mapping itself or an earlier merge
+      loader.fail(item, "duplicate key '" + key + "'");
+    }
+    entries_.emplace_back(key, std::move(item));
+  }
+
+  static std::string suggestion(const std::string& key,
+                                std::initializer_list<std::string_view> allowed) {
+    std::string best;
+    std::size_t best_distance = 3;  // beyond two edits a guess is more confusing than helpful
+    std::string all;
+    for (auto a : allowed) {
+      all += (all.empty() ? "" : ", ") + std::string(a);
+      const auto d = distance(key, a);
+      if (d < best_distance) {
+        best_distance = d;
+        best = std::string(a);
+      }
+    }
+    if (!best.empty()) return " (did you mean '" + best + "'?)";
+    return " (allowed here: " + all + ")";
+  }
+
+  const Loader& loader_;
+  Item self_;
+  std::vector<std::pair<std::string, Item>> entries_;
+};
+
+constexpr std::size_t KiB = 1u << 10;
+constexpr std::size_t MiB = 1u << 20;
+constexpr std::size_t GiB = 1u << 30;
+constexpr Millis kOneMs{1};
+
+void parse_upstream(const Loader& L, const Item& it, UpstreamSettings& u) {
+  Map m(L, it, {"url", "connect_timeout", "response_timeout", "max_response_body"});
+  const auto url = m.required("url");
+  L.with_syntax(url, [&] { detail::parse_upstream_url(L.text(url), u); });
+  if (auto v = m.get("connect_timeout")) u.connect_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("response_timeout")) u.response_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("max_response_body")) u.max_response_body = L.size(*v, 1, GiB);
+}
+
+void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
+  Map m(L, it, {"url", "pool_size", "connect_timeout", "statement_timeout", "migrate"});
+  const auto url = m.required("url");
+  d.url = L.text(url);
+  if (d.url.empty()) {
+    L.fail(url, "must not be empty (a libpq URI such as postgresql://user@host/db, or conninfo)");
+  }
+  // libpq validates the rest when it connects; this only catches a value that is neither
+  // form (typically a variable holding something else), while the file and line are known.
+  const bool uri = d.url.rfind("postgresql://", 0) == 0 || d.url.rfind("postgres://", 0) == 0;
+  if (!uri && d.url.find('=') == std::string::npos) {
+    L.fail(url, "expected a libpq URI (postgresql://...) or conninfo (host=... dbname=...)");
+  }
+  if (auto v = m.get("pool_size")) d.pool_size = static_cast<int>(L.integer(*v, 1, 1000));
+  if (auto v = m.get("connect_timeout")) d.connect_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("statement_timeout")) d.statement_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("migrate")) {
+    d.migrate = L.choice<MigrateMode>(
+        *v, {{"check", MigrateMode::check}, {"auto", MigrateMode::automatic}, {"off", MigrateMode::off}});
+  }
+}
+
+void parse_tenant(const Loader& L, const Item& it, TenantSettings& t) {
+  Map m(L, it, {"header", "principal_header"});
+  if (auto v = m.get("header")) t.header = L.token(*v, "header name");
+  if (auto v = m.get("principal_header")) {
+    const auto s = L.text(*v);
+    t.principal_header = s.empty() ? s : L.token(*v, "header name");
+  }
+}
+
+void parse_limits(const Loader& L, const Item& it, Limits& l) {
+  Map m(L, it, {"max_header_bytes", "max_request_body", "header_timeout", "body_timeout",
+                "idle_timeout", "max_connections"});
+  // A request line plus a handful of headers does not fit in less than 1KiB.
+  if (auto v = m.get("max_header_bytes")) l.max_header_bytes = L.size(*v, KiB, MiB);
+  if (auto v = m.get("max_request_body")) l.max_request_body = L.size(*v, 1, GiB);
+  if (auto v = m.get("header_timeout")) l.header_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("body_timeout")) l.body_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("idle_timeout")) l.idle_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("max_connections")) {
+    l.max_connections = static_cast<std::size_t>(L.integer(*v, 1, 1'000'000));
+  }
+}
+
+void parse_admin(const Loader& L, const Item& it, AdminSettings& a) {
+  Map m(L, it, {"listen", "token"});
+  if (auto v = m.get("listen")) {
+    const auto s = L.text(*v);
+    if (s.empty()) {
+      a.listen.reset();
+    } else {
+      a.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(s); });
+    }
+  }
+  if (auto v = m.get("token")) a.token = L.word(*v, true);
+}
+
+void parse_log(const Loader& L, const Item& it, LogSettings& l) {
+  Map m(L, it, {"level", "format"});
+  if (auto v = m.get("level")) {
+    l.level = L.choice<LogLevel>(*v, {{"trace", LogLevel::trace},
+                                      {"debug", LogLevel::debug},
+                                      {"info", LogLevel::info},
+                                      {"warn", LogLevel::warn},
+                                      {"error", LogLevel::error}});
+  }
+  if (auto v = m.get("format")) {
+    l.format = L.choice<LogFormat>(*v, {{"json", LogFormat::json}, {"text", LogFormat::text}});
+  }
+}
+
+void parse_cleanup(const Loader& L, const Item& it, CleanupSettings& c) {
+  Map m(L, it, {"interval", "batch"});
+  if (auto v = m.get("interval")) c.interval = L.duration(*v, kOneMs);
+  if (auto v = m.get("batch")) c.batch = static_cast<std::size_t>(L.integer(*v, 1, 100'000));
+}
+
+// Returns the line of key.header, for the cross-check against the tenant headers.
+int parse_key(const Loader& L, const Item& it, KeySettings& k) {
+  Map m(L, it, {"header", "required", "max_length"});
+  int header_line = it.line;
+  if (auto v = m.get("header")) {
+    k.header = L.token(*v, "header name");
+    header_line = v->line;
+  }
+  if (auto v = m.get("required")) k.required = L.boolean(*v);
+  if (auto v = m.get("max_length")) k.max_length = static_cast<std::size_t>(L.integer(*v, 1, 1024));
+  return header_line;
+}
+
+void parse_fingerprint(const Loader& L, const Item& it, FingerprintSettings& f) {
+  Map m(L, it, {"version", "fields", "ignore", "defaults", "headers", "query"});
+  if (auto v = m.get("version")) f.version = L.word(*v);
+  if (auto v = m.get("fields")) {
+    f.fields.emplace();
+    for (const auto& p : L.list(*v)) f.fields->push_back(L.pointer(p));
+  }
+  if (auto v = m.get("ignore")) {
+    for (const auto& p : L.list(*v)) f.ignore.push_back(L.pointer(p));
+  }
+  if (auto v = m.get("defaults")) {
+    if (!v->node.IsMap()) L.fail(*v, "expected a mapping of JSON Pointer to value, got " + describe(v->node));
+    for (const auto& kv : v->node) {
+      const int line = line_of(kv.first, v->line);
+      if (!kv.first.IsScalar()) L.fail(line, v->path, "keys must be JSON Pointers");
+      // Keys are names, not values: they are not ${VAR}-expanded, like every other key.
+      const std::string ptr = kv.first.Scalar();
+      const Item value{kv.second, child_path(v->path, ptr), line};
+      if (!detail::is_json_pointer(ptr)) {
+        L.fail(value, "'" + ptr + "' is not a JSON Pointer (RFC 6901): it must be \"\" or start "
+                      "with '/', and '~' must be written ~0, '/' inside a name ~1");
+      }
+      if (!f.defaults.emplace(ptr, L.json_value(value)).second) L.fail(value, "duplicate key '" + ptr + "'");
+    }
+  }
+  if (auto v = m.get("headers")) f.headers = L.header_list(*v);
+  if (auto v = m.get("query")) f.query = L.boolean(*v);
+}
+
+void parse_store(const Loader& L, const Item& it, StoreSettings& s) {
+  Map m(L, it, {"statuses", "except"});
+  if (auto v = m.get("statuses")) {
+    s.statuses.clear();
+    for (const auto& e : L.list(*v)) {
+      const auto t = L.text(e);
+      if (t.size() == 3 && t[0] >= '2' && t[0] <= '5' && (t[1] == 'x' || t[1] == 'X') &&
+          (t[2] == 'x' || t[2] == 'X')) {
+        const int base = (t[0] - '0') * 100;
+        s.statuses.push_back({base, base + 99});
+        continue;
+      }
+      const auto code = detail::parse_int(t);
+      if (!code || *code < 100 || *code > 599) {
+        L.fail(e, "expected a status class 2xx..5xx or a status code 100..599, got '" + t + "'");
+      }
+      s.statuses.push_back({static_cast<int>(*code), static_cast<int>(*code)});
+    }
+  }
+  if (auto v = m.get("except")) {
+    s.except.clear();
+    for (const auto& e : L.list(*v)) s.except.push_back(static_cast<int>(L.integer(e, 100, 599)));
+  }
+}
+
+// Headers the proxy itself computes for every response it sends: replaying a stored copy
+// would contradict the framing of the replay.
+bool is_framing_header(std::string_view name) {
+  static const std::set<std::string> kNames{
+      "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
+      "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body"};
+  return kNames.count(lower(name)) != 0;
+}
+
+bool is_route_name(std::string_view s) {
+  return !s.empty() && s.size() <= 64 && std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '-' || c == '_' || c == '.';
+  });
+}
+
+struct RouteLines {
+  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
+};
+
+RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                          RouteLines& lines) {
+  RouteSettings r;
+  Map m(L, it, {"name", "method", "path", "scope", "key", "fingerprint", "retention", "lease",
+                "wait", "retry_after", "mismatch_status", "store", "replay_headers",
+                "max_stored_body"});
+  const auto name = m.required("name");
+  r.name = L.text(name);
+  if (!is_route_name(r.name)) {
+    L.fail(name, "route names are 1..64 letters, digits, '-', '_' or '.' (they become metric "
+                 "labels), got '" + r.name + "'");
+  }
+  lines.name = name.line;
+  const auto method = m.required("method");
+  r.method = L.token(method, "HTTP method");
+  std::transform(r.method.begin(), r.method.end(), r.method.begin(),
+                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  const auto path = m.required("path");
+  r.path = L.text(path);
+  L.with_syntax(path, [&] { detail::check_route_path(r.path); });
+  lines.method_path = path.line;
+
+  if (auto v = m.get("scope")) {
+    r.scope = L.word(*v);
+  } else {
+    r.scope = r.method + " " + r.path;
+  }
+  if (auto v = m.get("key")) {
+    lines.key_header = parse_key(L, *v, r.key);
+  } else {
+    lines.key_header = it.line;
+  }
+  if (auto v = m.get("fingerprint")) parse_fingerprint(L, *v, r.fingerprint);
+  lines.retention = lines.lease = it.line;
+  if (auto v = m.get("retention")) {
+    r.retention = L.duration(*v, kOneMs);
+    lines.retention = v->line;
+  }
+  // Renewal runs every lease/3 against the database clock; below a second that is a
+  // renewal storm and clock jitter decides ownership.
+  if (auto v = m.get("lease")) {
+    r.lease = L.duration(*v, Millis(1000));
+    lines.lease = v->line;
+  }
+  if (auto v = m.get("wait")) r.wait = L.duration(*v, kOneMs);
+  // Retry-After carries whole seconds.
+  if (auto v = m.get("retry_after")) r.retry_after = L.duration(*v, Millis(1000));
+  if (auto v = m.get("mismatch_status")) {
+    const auto s = L.text(*v);
+    if (s != "409" && s != "422") L.fail(*v, "must be 409 or 422, got '" + s + "'");
+    r.mismatch_status = s == "409" ? 409 : 422;
+  }
+  if (auto v = m.get("store")) parse_store(L, *v, r.store);
+  if (auto v = m.get("replay_headers")) {
+    r.replay_headers = L.header_list(*v);
+    for (const auto& h : L.list(*v)) {
+      if (is_framing_header(h.node.Scalar())) {
+        L.fail(h, "'" + h.node.Scalar() + "' is set by the proxy for each response and cannot be replayed");
+      }
+    }
+  }
+  // One record is one bytea read in one statement; PostgreSQL refuses values of 1GB.
+  if (auto v = m.get("max_stored_body")) r.max_stored_body = L.size(*v, 0, 512 * MiB);
+
+  if (r.retention < r.lease) {
+    L.fail(lines.retention, it.path + ".retention",
+           "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
+               detail::format_duration(r.lease) + "): a record must outlive its claim");
+  }
+  const auto key_header = lower(r.key.header);
+  if (key_header == lower(tenant.header) ||
+      (!tenant.principal_header.empty() && key_header == lower(tenant.principal_header))) {
+    L.fail(lines.key_header, it.path + ".key.header",
+           "the idempotency key header '" + r.key.header + "' is also the tenant or principal header");
+  }
+  return r;
+}
+
+Settings parse_root(const Loader& L, const Item& root) {
+  Settings s;
+  Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
+                  "cleanup", "unmatched", "routes"});
+  if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
+  if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
+  parse_upstream(L, m.required("upstream"), s.upstream);
+  parse_database(L, m.required("database"), s.database);
+  // Tenant first: routes check their key header against it.
+  if (auto v = m.get("tenant")) parse_tenant(L, *v, s.tenant);
+  if (auto v = m.get("limits")) parse_limits(L, *v, s.limits);
+  if (auto v = m.get("admin")) parse_admin(L, *v, s.admin);
+  if (auto v = m.get("log")) parse_log(L, *v, s.log);
+  if (auto v = m.get("cleanup")) parse_cleanup(L, *v, s.cleanup);
+  if (auto v = m.get("unmatched")) {
+    s.unmatched = L.choice<Unmatched>(*v, {{"pass", Unmatched::pass}, {"reject", Unmatched::reject}});
+  }
+  if (auto v = m.get("routes")) {
+    std::map<std::string, std::string> names;   // name -> path of first use
+    std::map<std::string, std::string> shapes;  // "METHOD shape" -> path of first use
+    for (const auto& item : L.list(*v)) {
+      RouteLines lines;
+      auto r = parse_route(L, item, s.tenant, lines);
+      if (auto [at, fresh] = names.emplace(r.name, item.path); !fresh) {
+        L.fail(lines.name, item.path + ".name", "duplicate route name '" + r.name + "' (also " + at->second + ")");
+      }
+      const auto shape = r.method + " " + detail::route_shape(r.path);
+      if (auto [at, fresh] = shapes.emplace(shape, item.path); !fresh) {
+        L.fail(lines.method_path, item.path + ".path",
+               r.method + " " + r.path + " matches the same requests as " + at->second);
+      }
+      s.routes.push_back(std::move(r));
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+namespace detail {
+
+std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
+                                          const EnvLookup& env) {
+  std::vector<YAML::Node> docs;
+  try {
+    docs = YAML::LoadAll(yaml);
+  } catch (const YAML::Exception& e) {
+    const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
+    throw ConfigError(name, line, "", "YAML syntax error: " + e.msg);
+  }
+  if (docs.size() > 1) {
+    throw ConfigError(name, line_of(docs[1], 0), "", "expected one YAML document, found several");
+  }
+  const Loader loader(name, env);
+  const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
+  auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
+  s->source_file = name;
+  return s;
+}
+
+}  // namespace detail
+
+std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name) {
+  return detail::load_text(yaml, name, [](const std::string& var) { return std::getenv(var.c_str()); });
+}
+
+std::shared_ptr<const Settings> load_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw ConfigError(path, 0, "", std::string("cannot read the file: ") + std::strerror(errno));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw ConfigError(path, 0, "", "cannot read the file");
+  return load_text(text.str(), path);
+}
+
+}  // namespace idem::settings

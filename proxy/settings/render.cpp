@@ -1,0 +1,358 @@
+// The effective configuration as YAML (check-config). Written by hand rather than through
+// YAML::Emitter so the layout mirrors the documented example key for key, and so two
+// properties are under our control: the text loads back to the same Settings, and no secret
+// survives masking.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "settings/detail.hpp"
+#include "settings/settings.hpp"
+
+namespace idem::settings {
+
+namespace {
+
+constexpr std::string_view kMask = "****";
+
+// YAML double-quoted scalar. `expandable` doubles '$' because the loader expands ${VAR} in
+// every value (but never in keys): without it a literal "$HOME"-like text would not survive
+// a round trip.
+std::string yaml_quote(std::string_view s, bool expandable = true) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "\"";
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (c == '$' && expandable) {
+      out += "$$";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (c == '\r') {
+      out += "\\r";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += "\\x";
+      out += kHex[u >> 4];
+      out += kHex[u & 0xf];
+    } else if (u == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
+      // NEL, LS and PS are line breaks to a YAML reader: a raw one would be folded away.
+      out += "\\N";
+      ++i;
+    } else if (u == 0xe2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
+               (static_cast<unsigned char>(s[i + 2]) == 0xa8 ||
+                static_cast<unsigned char>(s[i + 2]) == 0xa9)) {
+      out += static_cast<unsigned char>(s[i + 2]) == 0xa8 ? "\\L" : "\\P";
+      i += 2;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// A fingerprint default is stored as compact JSON; JSON is YAML flow syntax once a space
+// follows ':' and ','. String escapes of JSON are all valid YAML double-quoted escapes.
+std::string json_to_yaml_flow(std::string_view json) {
+  std::string out;
+  std::vector<char> stack;  // '{' or '['
+  bool expect_key = false;
+  for (std::size_t i = 0; i < json.size(); ++i) {
+    const char c = json[i];
+    if (c == '"') {
+      const bool is_key = !stack.empty() && stack.back() == '{' && expect_key;
+      out += c;
+      for (++i; i < json.size(); ++i) {
+        const char d = json[i];
+        if (d == '\\' && i + 1 < json.size()) {
+          out += d;
+          out += json[++i];
+        } else if (d == '"') {
+          out += d;
+          break;
+        } else if (d == '$' && !is_key) {
+          out += "$$";
+        } else {
+          out += d;
+        }
+      }
+      continue;
+    }
+    out += c;
+    switch (c) {
+      case '{': stack.push_back('{'); expect_key = true; break;
+      case '[': stack.push_back('['); break;
+      case '}': case ']':
+        if (!stack.empty()) stack.pop_back();
+        break;
+      case ':': out += ' '; expect_key = false; break;
+      case ',':
+        out += ' ';
+        expect_key = !stack.empty() && stack.back() == '{';
+        break;
+      default: break;
+    }
+  }
+  return out;
+}
+
+std::string flow_list(const std::vector<std::string>& items) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + yaml_quote(items[i]);
+  return out + "]";
+}
+
+std::string status_list(const std::vector<StatusPattern>& patterns) {
+  std::vector<std::string> parts;
+  for (const auto& p : patterns) {
+    if (p.low == p.high) {
+      parts.push_back(std::to_string(p.low));
+    } else if (p.low % 100 == 0 && p.high == p.low + 99) {
+      parts.push_back("\"" + std::to_string(p.low / 100) + "xx\"");
+    } else {
+      // Not produced by the loader, but the struct allows it: spell the range out so it
+      // still loads back as the same set of codes.
+      for (int code = p.low; code <= p.high; ++code) parts.push_back(std::to_string(code));
+    }
+  }
+  std::string out = "[";
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? ", " : "") + parts[i];
+  return out + "]";
+}
+
+const char* name(MigrateMode m) {
+  switch (m) {
+    case MigrateMode::check: return "check";
+    case MigrateMode::automatic: return "auto";
+    case MigrateMode::off: return "off";
+  }
+  return "check";
+}
+
+const char* name(LogLevel l) {
+  switch (l) {
+    case LogLevel::trace: return "trace";
+    case LogLevel::debug: return "debug";
+    case LogLevel::info: return "info";
+    case LogLevel::warn: return "warn";
+    case LogLevel::error: return "error";
+  }
+  return "info";
+}
+
+const char* name(LogFormat f) { return f == LogFormat::text ? "text" : "json"; }
+const char* name(Unmatched u) { return u == Unmatched::reject ? "reject" : "pass"; }
+const char* yes_no(bool b) { return b ? "true" : "false"; }
+
+// libpq conninfo: key = value pairs, values bare or single-quoted with backslash escapes.
+std::string mask_conninfo(std::string_view s) {
+  std::string out;
+  std::size_t i = 0;
+  const auto space = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; };
+  while (i < s.size()) {
+    while (i < s.size() && space(s[i])) out += s[i++];
+    if (i >= s.size()) break;
+    const auto key_start = i;
+    while (i < s.size() && s[i] != '=' && !space(s[i])) ++i;
+    const auto key = s.substr(key_start, i - key_start);
+    out += key;
+    while (i < s.size() && space(s[i])) out += s[i++];
+    if (i >= s.size() || s[i] != '=') {
+      // Not conninfo as libpq reads it; whatever follows might be a secret, so it goes.
+      if (i < s.size()) out += kMask;
+      break;
+    }
+    out += s[i++];
+    while (i < s.size() && space(s[i])) out += s[i++];
+    const auto value_start = i;
+    if (i < s.size() && s[i] == '\'') {
+      for (++i; i < s.size() && s[i] != '\''; ++i) {
+        if (s[i] == '\\') ++i;
+      }
+      if (i < s.size()) ++i;  // closing quote
+    } else {
+      for (; i < s.size() && !space(s[i]); ++i) {
+        if (s[i] == '\\') ++i;
+      }
+    }
+    i = std::min(i, s.size());
+    if (key == "password" || key == "sslpassword") {
+      out += kMask;
+    } else {
+      out += s.substr(value_start, i - value_start);
+    }
+    if (i < s.size() && !space(s[i])) {
+      // Text glued to a closing quote: libpq refuses it, and it may be the rest of a
+      // password whose quoting went wrong.
+      out += kMask;
+      break;
+    }
+  }
+  return out;
+}
+
+std::string mask_uri(std::string_view s) {
+  const auto scheme_end = s.find("://");
+  const std::size_t start = scheme_end + 3;
+  std::string out(s.substr(0, start));
+  // libpq ends the credentials at the first '@' before any '/': mirror it, so what is
+  // masked is exactly what libpq would send as the password.
+  std::size_t at = start;
+  while (at < s.size() && s[at] != '@' && s[at] != '/') ++at;
+  std::size_t rest = start;
+  if (at < s.size() && s[at] == '@') {
+    const auto creds = s.substr(start, at - start);
+    const auto colon = creds.find(':');
+    if (colon == std::string_view::npos) {
+      out += creds;
+    } else {
+      out += creds.substr(0, colon + 1);
+      out += kMask;
+    }
+    out += '@';
+    rest = at + 1;
+  }
+  const auto query = s.find('?', rest);
+  out += s.substr(rest, query == std::string_view::npos ? s.npos : query - rest);
+  if (query == std::string_view::npos) return out;
+  out += '?';
+  std::size_t i = query + 1;
+  while (true) {
+    const auto amp = s.find('&', i);
+    const auto param = s.substr(i, amp == std::string_view::npos ? s.npos : amp - i);
+    const auto eq = param.find('=');
+    const auto key = param.substr(0, eq);
+    if (eq != std::string_view::npos && (key == "password" || key == "sslpassword")) {
+      out += key;
+      out += '=';
+      out += kMask;
+    } else {
+      out += param;
+    }
+    if (amp == std::string_view::npos) break;
+    out += '&';
+    i = amp + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string mask_database_url(std::string_view url) {
+  if (url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0) return mask_uri(url);
+  return mask_conninfo(url);
+}
+
+std::string render_effective(const Settings& s) {
+  using detail::format_duration;
+  using detail::format_size;
+  std::string o;
+  const auto line = [&o](int indent, std::string_view key, const std::string& value) {
+    o.append(static_cast<std::size_t>(indent), ' ');
+    o += key;
+    o += ": ";
+    o += value;
+    o += '\n';
+  };
+  const auto section = [&o](int indent, std::string_view key) {
+    o.append(static_cast<std::size_t>(indent), ' ');
+    o += key;
+    o += ":\n";
+  };
+
+  o += "# idemproxy effective configuration: every key, defaults filled in, secrets shown as ****.\n";
+  line(0, "listen", yaml_quote(detail::format_endpoint(s.listen)));
+  line(0, "workers", std::to_string(s.workers) + (s.workers == 0 ? "  # one per CPU" : ""));
+
+  section(0, "upstream");
+  line(2, "url", yaml_quote(s.upstream.url));
+  line(2, "connect_timeout", format_duration(s.upstream.connect_timeout));
+  line(2, "response_timeout", format_duration(s.upstream.response_timeout));
+  line(2, "max_response_body", format_size(s.upstream.max_response_body));
+
+  section(0, "database");
+  line(2, "url", yaml_quote(mask_database_url(s.database.url)));
+  line(2, "pool_size", std::to_string(s.database.pool_size));
+  line(2, "connect_timeout", format_duration(s.database.connect_timeout));
+  line(2, "statement_timeout", format_duration(s.database.statement_timeout));
+  line(2, "migrate", name(s.database.migrate));
+
+  section(0, "tenant");
+  line(2, "header", yaml_quote(s.tenant.header));
+  line(2, "principal_header", yaml_quote(s.tenant.principal_header));
+
+  section(0, "limits");
+  line(2, "max_header_bytes", format_size(s.limits.max_header_bytes));
+  line(2, "max_request_body", format_size(s.limits.max_request_body));
+  line(2, "header_timeout", format_duration(s.limits.header_timeout));
+  line(2, "body_timeout", format_duration(s.limits.body_timeout));
+  line(2, "idle_timeout", format_duration(s.limits.idle_timeout));
+  line(2, "max_connections", std::to_string(s.limits.max_connections));
+
+  section(0, "admin");
+  line(2, "listen", yaml_quote(s.admin.listen ? detail::format_endpoint(*s.admin.listen) : ""));
+  line(2, "token", yaml_quote(s.admin.token.empty() ? "" : kMask));
+
+  section(0, "log");
+  line(2, "level", name(s.log.level));
+  line(2, "format", name(s.log.format));
+
+  section(0, "cleanup");
+  line(2, "interval", format_duration(s.cleanup.interval));
+  line(2, "batch", std::to_string(s.cleanup.batch));
+
+  line(0, "unmatched", name(s.unmatched));
+
+  if (s.routes.empty()) {
+    line(0, "routes", "[]");
+    return o;
+  }
+  section(0, "routes");
+  for (const auto& r : s.routes) {
+    line(2, "- name", yaml_quote(r.name));
+    line(4, "method", yaml_quote(r.method));
+    line(4, "path", yaml_quote(r.path));
+    line(4, "scope", yaml_quote(r.scope));
+    section(4, "key");
+    line(6, "header", yaml_quote(r.key.header));
+    line(6, "required", yes_no(r.key.required));
+    line(6, "max_length", std::to_string(r.key.max_length));
+    section(4, "fingerprint");
+    line(6, "version", yaml_quote(r.fingerprint.version));
+    if (r.fingerprint.fields) {
+      line(6, "fields", flow_list(*r.fingerprint.fields));
+    } else {
+      o += "      # fields: not set, the whole body minus `ignore` is fingerprinted\n";
+    }
+    line(6, "ignore", flow_list(r.fingerprint.ignore));
+    if (r.fingerprint.defaults.empty()) {
+      line(6, "defaults", "{}");
+    } else {
+      section(6, "defaults");
+      for (const auto& [ptr, json] : r.fingerprint.defaults) {
+        line(8, yaml_quote(ptr, false), json_to_yaml_flow(json));
+      }
+    }
+    line(6, "headers", flow_list(r.fingerprint.headers));
+    line(6, "query", yes_no(r.fingerprint.query));
+    line(4, "retention", format_duration(r.retention));
+    line(4, "lease", format_duration(r.lease));
+    line(4, "wait", format_duration(r.wait));
+    line(4, "retry_after", format_duration(r.retry_after));
+    line(4, "mismatch_status", std::to_string(r.mismatch_status));
+    section(4, "store");
+    line(6, "statuses", status_list(r.store.statuses));
+    std::vector<StatusPattern> except;
+    for (int code : r.store.except) except.push_back({code, code});
+    line(6, "except", status_list(except));
+    line(4, "replay_headers", flow_list(r.replay_headers));
+    line(4, "max_stored_body", format_size(r.max_stored_body));
+  }
+  return o;
+}
+
+}  // namespace idem::settings

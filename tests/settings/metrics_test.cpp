@@ -1,0 +1,393 @@
+// Metrics: the exposition text is parsed back with a small independent parser that checks
+// the Prometheus 0.0.4 text syntax line by line, and the values are compared with what was
+// recorded, including from many threads at once.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "observability/metrics.hpp"
+
+using namespace idem::obs;
+
+namespace {
+
+struct Sample {
+  std::string name;
+  std::map<std::string, std::string> labels;
+  double value = 0;
+};
+
+struct Exposition {
+  std::map<std::string, std::string> types;  // family -> counter|gauge|histogram
+  std::map<std::string, std::string> help;
+  std::vector<Sample> samples;
+
+  // Value of the one sample with this name and exactly these labels; NaN when absent.
+  double get(const std::string& name, const std::map<std::string, std::string>& labels = {}) const {
+    double found = NAN;
+    int matches = 0;
+    for (const auto& s : samples) {
+      if (s.name == name && s.labels == labels) {
+        found = s.value;
+        ++matches;
+      }
+    }
+    CHECK_MESSAGE(matches <= 1, "duplicate series " << name);
+    return found;
+  }
+};
+
+bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':'; }
+bool is_name_char(char c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
+
+std::string read_name(const std::string& line, std::size_t& i, bool metric) {
+  const auto start = i;
+  if (i >= line.size() || !is_name_start(line[i]) || (!metric && line[i] == ':')) return {};
+  while (i < line.size() && is_name_char(line[i]) && (metric || line[i] != ':')) ++i;
+  return line.substr(start, i - start);
+}
+
+double parse_value(const std::string& text) {
+  if (text == "+Inf") return INFINITY;
+  if (text == "-Inf") return -INFINITY;
+  if (text == "NaN") return NAN;
+  std::size_t used = 0;
+  const double v = std::stod(text, &used);
+  REQUIRE_MESSAGE(used == text.size(), "bad sample value '" << text << "'");
+  return v;
+}
+
+// The family a sample belongs to: histograms expose name_bucket, name_sum, name_count.
+std::string family_of(const std::string& sample, const std::map<std::string, std::string>& types) {
+  if (types.count(sample)) return sample;
+  for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+    const std::string s = suffix;
+    if (sample.size() > s.size() && sample.compare(sample.size() - s.size(), s.size(), s) == 0) {
+      const auto base = sample.substr(0, sample.size() - s.size());
+      const auto t = types.find(base);
+      if (t != types.end() && t->second == "histogram") return base;
+    }
+  }
+  return {};
+}
+
+Exposition parse(const std::string& text) {
+  Exposition e;
+  REQUIRE_MESSAGE((!text.empty() && text.back() == '\n'), "exposition must end with a newline");
+  std::istringstream in(text);
+  std::string line;
+  std::set<std::string> seen_samples_of;  // families whose samples started
+  std::string current;                    // family of the last TYPE line
+  while (std::getline(in, line)) {
+    INFO("line: " << line);
+    REQUIRE_FALSE(line.empty());
+    if (line.rfind("# ", 0) == 0) {
+      std::size_t i = 2;
+      const auto keyword = line.substr(2, 4);
+      REQUIRE((keyword == "HELP" || keyword == "TYPE"));
+      i = 7;
+      REQUIRE(line[6] == ' ');
+      const auto name = read_name(line, i, true);
+      REQUIRE_FALSE(name.empty());
+      REQUIRE(i < line.size());
+      REQUIRE(line[i] == ' ');
+      const auto rest = line.substr(i + 1);
+      if (keyword == "TYPE") {
+        REQUIRE((rest == "counter" || rest == "gauge" || rest == "histogram"));
+        REQUIRE_MESSAGE(e.types.count(name) == 0, "TYPE twice for " << name);
+        REQUIRE_MESSAGE(seen_samples_of.count(name) == 0, "TYPE after samples of " << name);
+        e.types[name] = rest;
+        current = name;
+      } else {
+        REQUIRE_MESSAGE(e.help.count(name) == 0, "HELP twice for " << name);
+        e.help[name] = rest;
+      }
+      continue;
+    }
+    Sample s;
+    std::size_t i = 0;
+    s.name = read_name(line, i, true);
+    REQUIRE_FALSE(s.name.empty());
+    if (i < line.size() && line[i] == '{') {
+      ++i;
+      while (true) {
+        REQUIRE(i < line.size());
+        if (line[i] == '}') {
+          ++i;
+          break;
+        }
+        const auto label = read_name(line, i, false);
+        REQUIRE_FALSE(label.empty());
+        REQUIRE(line.substr(i, 2) == "=\"");
+        i += 2;
+        std::string value;
+        while (true) {
+          REQUIRE(i < line.size());
+          const char c = line[i++];
+          if (c == '"') break;
+          if (c == '\\') {
+            REQUIRE(i < line.size());
+            const char esc = line[i++];
+            REQUIRE((esc == '\\' || esc == '"' || esc == 'n'));
+            value += esc == 'n' ? '\n' : esc;
+          } else {
+            value += c;
+          }
+        }
+        REQUIRE_MESSAGE(s.labels.emplace(label, value).second, "label twice: " << label);
+        REQUIRE(i < line.size());
+        if (line[i] == ',') ++i;
+      }
+    }
+    REQUIRE(i < line.size());
+    REQUIRE(line[i] == ' ');
+    s.value = parse_value(line.substr(i + 1));
+    const auto family = family_of(s.name, e.types);
+    REQUIRE_MESSAGE(!family.empty(), "sample without TYPE: " << s.name);
+    REQUIRE_MESSAGE(family == current, "samples of " << family << " are not grouped under its TYPE");
+    REQUIRE_MESSAGE(e.help.count(family) == 1, "no HELP for " << family);
+    seen_samples_of.insert(family);
+    e.samples.push_back(std::move(s));
+  }
+  return e;
+}
+
+// Checks every histogram series: cumulative buckets, ascending le, +Inf == _count.
+void check_histograms(const Exposition& e) {
+  for (const auto& [family, type] : e.types) {
+    if (type != "histogram") continue;
+    std::map<std::map<std::string, std::string>, std::vector<std::pair<double, double>>> series;
+    for (const auto& s : e.samples) {
+      if (s.name != family + "_bucket") continue;
+      auto labels = s.labels;
+      REQUIRE(labels.count("le") == 1);
+      const double le = parse_value(labels["le"]);
+      labels.erase("le");
+      series[labels].emplace_back(le, s.value);
+    }
+    for (const auto& [labels, buckets] : series) {
+      INFO(family);
+      REQUIRE_FALSE(buckets.empty());
+      for (std::size_t i = 1; i < buckets.size(); ++i) {
+        CHECK(buckets[i].first > buckets[i - 1].first);    // le ascending
+        CHECK(buckets[i].second >= buckets[i - 1].second);  // cumulative
+      }
+      CHECK(std::isinf(buckets.back().first));
+      CHECK(e.get(family + "_count", labels) == buckets.back().second);
+      CHECK_FALSE(std::isnan(e.get(family + "_sum", labels)));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a fresh registry exposes every declared metric") {
+  Metrics m;
+  const auto e = parse(m.render_prometheus());
+  CHECK(e.types.at("idemproxy_requests_total") == "counter");
+  CHECK(e.types.at("idemproxy_request_duration_seconds") == "histogram");
+  CHECK(e.types.at("idemproxy_upstream_duration_seconds") == "histogram");
+  CHECK(e.types.at("idemproxy_store_duration_seconds") == "histogram");
+  CHECK(e.types.at("idemproxy_takeovers_total") == "counter");
+  CHECK(e.types.at("idemproxy_fenced_writes_total") == "counter");
+  CHECK(e.types.at("idemproxy_lease_renewals_total") == "counter");
+  CHECK(e.types.at("idemproxy_expired_deleted_total") == "counter");
+  CHECK(e.types.at("idemproxy_store_errors_total") == "counter");
+  CHECK(e.types.at("idemproxy_in_progress_oldest_seconds") == "gauge");
+  CHECK(e.types.size() == 10);
+  // Unlabelled and fixed-label series are there from the start, at zero.
+  CHECK(e.get("idemproxy_takeovers_total") == 0);
+  CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
+  CHECK(e.get("idemproxy_upstream_duration_seconds_count") == 0);
+  for (int i = 0; i < kStoreOpCount; ++i) {
+    const std::string op(to_string(static_cast<StoreOp>(i)));
+    CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", op}}) == 0);
+  }
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
+  check_histograms(e);
+}
+
+TEST_CASE("recorded values appear in the exposition") {
+  Metrics m;
+  m.request("create-order", Outcome::created, 0.012);
+  m.request("create-order", Outcome::replayed, 0.002);
+  m.request("create-order", Outcome::replayed, 0.003);
+  m.request("unmatched", Outcome::passthrough, 0.5);
+  m.upstream_duration(0.2);
+  m.store_duration(StoreOp::claim, 0.001);
+  m.takeover();
+  m.fenced_write();
+  m.fenced_write();
+  m.lease_renewal();
+  m.expired_deleted(500);
+  m.expired_deleted(20);
+  m.store_error("timeout");
+  m.store_error("connection_reset");
+  m.set_in_progress_oldest(42.5);
+
+  CHECK(m.requests("create-order", Outcome::replayed) == 2);
+  CHECK(m.requests("create-order", Outcome::key_reused) == 0);
+  CHECK(m.requests("never-seen", Outcome::created) == 0);
+  CHECK(m.takeovers() == 1);
+  CHECK(m.fenced_writes() == 2);
+
+  const auto e = parse(m.render_prometheus());
+  // Every outcome of a route that was seen is exposed, zeros included.
+  for (int i = 0; i < kOutcomeCount; ++i) {
+    const std::string outcome(to_string(static_cast<Outcome>(i)));
+    const double expected = outcome == "created" ? 1 : outcome == "replayed" ? 2 : 0;
+    CHECK(e.get("idemproxy_requests_total", {{"route", "create-order"}, {"outcome", outcome}}) == expected);
+  }
+  CHECK(e.get("idemproxy_requests_total", {{"route", "unmatched"}, {"outcome", "passthrough"}}) == 1);
+  CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", "create-order"}}) == 3);
+  CHECK(e.get("idemproxy_request_duration_seconds_sum", {{"route", "create-order"}}) == doctest::Approx(0.017));
+  CHECK(e.get("idemproxy_upstream_duration_seconds_count") == 1);
+  CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", "claim"}}) == 1);
+  CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", "read"}}) == 0);
+  CHECK(e.get("idemproxy_takeovers_total") == 1);
+  CHECK(e.get("idemproxy_fenced_writes_total") == 2);
+  CHECK(e.get("idemproxy_lease_renewals_total") == 1);
+  CHECK(e.get("idemproxy_expired_deleted_total") == 520);
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 1);
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "connection_reset"}}) == 1);
+  CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 42.5);
+  check_histograms(e);
+}
+
+TEST_CASE("histogram buckets are cumulative with le as upper bound") {
+  Metrics m;
+  for (double v : {0.0005, 0.0007, 0.001, 0.02, 1.0, 29.9, 30.0, 100.0, -1.0}) m.upstream_duration(v);
+  m.upstream_duration(NAN);  // ignored: it would poison the sum
+  const auto e = parse(m.render_prometheus());
+  const auto bucket = [&](const char* le) { return e.get("idemproxy_upstream_duration_seconds_bucket", {{"le", le}}); };
+  CHECK(bucket("0.0005") == 2);  // 0.0005 itself and the clamped -1
+  CHECK(bucket("0.001") == 4);
+  CHECK(bucket("0.0025") == 4);
+  CHECK(bucket("0.025") == 5);
+  CHECK(bucket("1") == 6);
+  CHECK(bucket("2.5") == 6);
+  CHECK(bucket("30") == 8);
+  CHECK(bucket("+Inf") == 9);
+  CHECK(e.get("idemproxy_upstream_duration_seconds_count") == 9);
+  CHECK(e.get("idemproxy_upstream_duration_seconds_sum") == doctest::Approx(0.0005 + 0.0007 + 0.001 + 0.02 + 1 + 29.9 + 30 + 100));
+  check_histograms(e);
+}
+
+TEST_CASE("label values are escaped") {
+  Metrics m;
+  const std::string route = "we\"ird\\route\nx";
+  m.request(route, Outcome::rejected, 0.1);
+  m.store_error("");
+  const auto text = m.render_prometheus();
+  CHECK(text.find("route=\"we\\\"ird\\\\route\\nx\",outcome=\"rejected\"} 1\n") != std::string::npos);
+  const auto e = parse(text);
+  CHECK(e.get("idemproxy_requests_total", {{"route", route}, {"outcome", "rejected"}}) == 1);
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", ""}}) == 1);
+}
+
+TEST_CASE("label cardinality is capped") {
+  Metrics m;
+  for (int i = 0; i < 1100; ++i) m.store_error("kind-" + std::to_string(i));
+  const auto e = parse(m.render_prometheus());
+  std::size_t series = 0;
+  for (const auto& s : e.samples) series += s.name == "idemproxy_store_errors_total";
+  CHECK(series == 1001);  // 1000 distinct values, then one overflow series
+  // The four known kinds were created first, so 1000 - 4 = 996 test kinds got their own series.
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "_overflow"}}) == 1100 - 996);
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "kind-0"}}) == 1);
+}
+
+TEST_CASE("concurrent recording loses nothing, new label values included") {
+  Metrics m;
+  constexpr int kThreads = 8;
+  constexpr int kIterations = 20'000;
+  std::vector<std::thread> threads;
+  std::atomic<bool> stop_scraping{false};
+  // A scraper renders while the writers run: each render must stay well-formed.
+  std::atomic<int> scrapes{0};
+  std::atomic<bool> scrape_failed{false};
+  std::thread scraper([&] {
+    // REQUIRE throws; outside the test's own thread that must not reach std::terminate.
+    try {
+      do {
+        const auto e = parse(m.render_prometheus());
+        CHECK(e.types.size() == 10);
+        ++scrapes;
+      } while (!stop_scraping.load());
+    } catch (...) {
+      scrape_failed = true;
+    }
+  });
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&m, t] {
+      for (int i = 0; i < kIterations; ++i) {
+        // Routes appear for the first time in several threads at once.
+        const std::string route = "route-" + std::to_string(i % 5);
+        m.request(route, static_cast<Outcome>((i + t) % kOutcomeCount), 0.001 * (i % 7));
+        m.store_duration(static_cast<StoreOp>(i % kStoreOpCount), 0.0001);
+        m.store_error(i % 2 ? "timeout" : "kind-" + std::to_string(i % 3));
+        m.takeover();
+        if (i % 10 == 0) m.expired_deleted(3);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  stop_scraping = true;
+  scraper.join();
+  CHECK_FALSE(scrape_failed.load());
+  CHECK(scrapes.load() > 0);
+
+  const auto e = parse(m.render_prometheus());
+  double total = 0;
+  for (int r = 0; r < 5; ++r) {
+    const std::string route = "route-" + std::to_string(r);
+    double route_total = 0;
+    for (int o = 0; o < kOutcomeCount; ++o) {
+      const double v = e.get("idemproxy_requests_total", {{"route", route}, {"outcome", std::string(to_string(static_cast<Outcome>(o)))}});
+      CHECK(v == static_cast<double>(m.requests(route, static_cast<Outcome>(o))));
+      route_total += v;
+    }
+    CHECK(route_total == kThreads * kIterations / 5);
+    CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", route}}) == kThreads * kIterations / 5);
+    total += route_total;
+  }
+  CHECK(total == kThreads * kIterations);
+  // Per outcome: thread t, iteration i records outcome (i + t) % 9; count it independently.
+  for (int o = 0; o < kOutcomeCount; ++o) {
+    double expected = 0;
+    for (int t = 0; t < kThreads; ++t) {
+      for (int i = 0; i < kIterations; ++i) expected += ((i + t) % kOutcomeCount == o && i % 5 == 0);
+    }
+    CHECK(e.get("idemproxy_requests_total", {{"route", "route-0"}, {"outcome", std::string(to_string(static_cast<Outcome>(o)))}}) == expected);
+  }
+  double store_ops = 0;
+  for (int op = 0; op < kStoreOpCount; ++op) {
+    store_ops += e.get("idemproxy_store_duration_seconds_count", {{"op", std::string(to_string(static_cast<StoreOp>(op)))}});
+  }
+  CHECK(store_ops == kThreads * kIterations);
+  CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == kThreads * kIterations / 2);
+  double other_kinds = 0;
+  for (const char* k : {"kind-0", "kind-1", "kind-2"}) other_kinds += e.get("idemproxy_store_errors_total", {{"kind", k}});
+  CHECK(other_kinds == kThreads * kIterations / 2);
+  CHECK(e.get("idemproxy_takeovers_total") == kThreads * kIterations);
+  CHECK(e.get("idemproxy_expired_deleted_total") == kThreads * (kIterations / 10) * 3);
+  check_histograms(e);
+}
+
+TEST_CASE("outcome and store op names") {
+  CHECK(to_string(Outcome::created) == "created");
+  CHECK(to_string(Outcome::key_reused) == "key_reused");
+  CHECK(to_string(Outcome::unknown_outcome) == "unknown_outcome");
+  CHECK(to_string(Outcome::store_unavailable) == "store_unavailable");
+  CHECK(to_string(Outcome::passthrough) == "passthrough");
+  CHECK(to_string(StoreOp::take_over) == "take_over");
+  CHECK(to_string(StoreOp::expire_lease) == "expire_lease");
+  CHECK(to_string(StoreOp::cleanup) == "cleanup");
+}
