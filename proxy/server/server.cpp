@@ -1,0 +1,631 @@
+// The client-facing listener and its per-connection sessions.
+//
+// Threading: a Server lives on one io_context that one thread runs; every member of the
+// listener and its sessions is touched only from that thread. The public control calls
+// (stop_accepting, close_idle, the destructor) may come from any thread and are dispatched
+// onto it. Only the ConnectionGauge and the active-connection counter are shared.
+//
+// Deadlines: the session keeps a plain tcp::socket and its own timer rather than using
+// beast::tcp_stream, because tcp_stream closes the socket when a deadline passes and a
+// request that timed out mid-way should still get its 408 before the connection closes.
+#include "server/server.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <exception>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <unordered_set>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/rfc7230.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+#include <spdlog/spdlog.h>
+
+#include "server/framing.hpp"
+
+namespace idem::server {
+namespace detail {
+namespace {
+
+using tcp = asio::ip::tcp;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+// Read size while discarding input during a lingering close.
+constexpr std::size_t kDiscardReadSize = 4096;
+// After a response that ends the connection we stop sending and keep reading for a while
+// before closing: closing with unread input makes the kernel send a RST, and a RST can
+// destroy the response the client has not read yet (typically a 413 sent while the client
+// is still uploading). Bounded in time and bytes so a client cannot hold us here.
+constexpr Millis kLingerTime{2000};
+constexpr std::size_t kLingerMaxBytes = 1u << 20;
+// accept() failing for lack of descriptors would otherwise spin the loop at 100% CPU.
+constexpr Millis kAcceptBackoff{50};
+
+std::atomic<std::uint64_t> g_next_connection_id{1};
+
+std::uint32_t clamp_u32(std::size_t v) noexcept {
+  return static_cast<std::uint32_t>(std::min<std::size_t>(v, std::numeric_limits<std::uint32_t>::max()));
+}
+
+bool is_http_error(const error_code& ec) noexcept {
+  return ec.category() == http::make_error_code(http::error::bad_target).category();
+}
+
+// A parse failure that is the client's fault (as opposed to EOF or a reset), so it
+// deserves a 400 rather than a silent close.
+bool is_malformed(const error_code& ec) noexcept {
+  return is_http_error(ec) && ec != http::error::end_of_stream &&
+         ec != http::error::partial_message;
+}
+
+bool expects_continue(const http::request_header<>& h) {
+  const auto it = h.find(http::field::expect);
+  return it != h.end() && beast::iequals(it->value(), "100-continue");
+}
+
+// Only an explicit "Connection: close" from the handler counts: res.keep_alive() would
+// also read "no" into a bare HTTP/1.0 response that merely did not mention keep-alive.
+bool asks_to_close(const Response& res) {
+  const auto it = res.find(http::field::connection);
+  if (it == res.end()) return false;
+  for (const auto token : http::token_list{it->value()}) {
+    if (beast::iequals(token, "close")) return true;
+  }
+  return false;
+}
+
+// The path without the query, for logs: a query string may carry credentials.
+std::string_view path_of(std::string_view target) noexcept {
+  return target.substr(0, target.find('?'));
+}
+
+// The response must be framed by what we are about to send, whatever the handler copied
+// from elsewhere (a Transfer-Encoding from the backend describes a body it has already
+// been decoded from).
+void frame_response(Response& res, http::verb method) {
+  res.erase(http::field::transfer_encoding);
+  const unsigned status = res.result_int();
+  if (status / 100 == 1 || status == 204) {
+    res.body().clear();  // RFC 9110 §8.6: no Content-Length on 1xx and 204
+    res.erase(http::field::content_length);
+    return;
+  }
+  if (status == 304) {
+    res.body().clear();  // a Content-Length here describes the cached representation
+    return;
+  }
+  if (method == http::verb::head) {
+    // A handler may set the length a GET would have had; keep it, send no body.
+    if (!res.has_content_length()) res.content_length(res.body().size());
+    res.body().clear();
+    return;
+  }
+  res.content_length(res.body().size());
+}
+
+asio::ip::address listen_address(const settings::Endpoint& endpoint) {
+  std::string host = endpoint.host;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  if (host.empty() || host == "*") return asio::ip::address_v4::any();
+  error_code ec;
+  auto address = asio::ip::make_address(host, ec);
+  if (!ec) return address;
+  // A host name: resolved once at start-up, before the event loop serves anything, so a
+  // blocking lookup is acceptable here and keeps start() synchronous as declared.
+  asio::io_context lookup_ctx;
+  tcp::resolver resolver(lookup_ctx);
+  const auto results = resolver.resolve(host, "", tcp::resolver::passive, ec);
+  if (ec || results.empty()) {
+    throw boost::system::system_error(ec ? ec : asio::error::host_not_found,
+                                      "cannot resolve listen address '" + host + "'");
+  }
+  return results.begin()->endpoint().address();
+}
+
+void log_exception(std::string_view what, std::uint64_t id, std::exception_ptr e) noexcept {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    spdlog::error("{} {} ended by an exception: {}", what, id, ex.what());
+  } catch (...) {
+    spdlog::error("{} {} ended by an unknown exception", what, id);
+  }
+}
+
+}  // namespace
+
+class Session;
+
+class Listener : public std::enable_shared_from_this<Listener> {
+ public:
+  Listener(asio::io_context& ioc, ListenerOptions options, LimitsSource limits, Handler handler,
+           std::shared_ptr<ConnectionGauge> gauge, RejectHook on_reject)
+      : ioc_(ioc),
+        options_(std::move(options)),
+        limits_(std::move(limits)),
+        handler_(std::move(handler)),
+        gauge_(gauge ? std::move(gauge) : std::make_shared<ConnectionGauge>()),
+        on_reject_(std::move(on_reject)),
+        acceptor_(ioc) {
+    // Pre-serialized once: refusing a connection over the limit must cost next to nothing.
+    std::ostringstream out;
+    auto res = make_problem(http::status::service_unavailable, "too_many_connections",
+                            "Too Many Connections",
+                            "the proxy is at its connection limit; retry shortly", 11, false);
+    res.set(http::field::retry_after, "1");
+    out << res;
+    overload_response_ = out.str();
+  }
+
+  void start();
+  void stop_accepting();
+  void close_idle();
+
+  std::uint16_t port() const noexcept { return port_.load(std::memory_order_relaxed); }
+  std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
+
+  settings::Limits limits() const { return limits_ ? limits_() : settings::Limits{}; }
+  const Handler& handler() const noexcept { return handler_; }
+  bool draining() const noexcept { return draining_; }
+
+  // Never lets a hook failure take the session down: the hook is observability only.
+  void report(const RequestContext& ctx, int status, std::string_view code) const noexcept {
+    if (!on_reject_) return;
+    try {
+      on_reject_(ctx, status, code);
+    } catch (const std::exception& e) {
+      spdlog::error("reject hook failed: {}", e.what());
+    } catch (...) {
+      spdlog::error("reject hook failed");
+    }
+  }
+
+  void attach(Session* s) {
+    sessions_.insert(s);
+    active_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void detach(Session* s) noexcept {
+    sessions_.erase(s);
+    active_.fetch_sub(1, std::memory_order_relaxed);
+    gauge_->open.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+ private:
+  static asio::awaitable<void> accept_loop(std::shared_ptr<Listener> self);
+  void admit(tcp::socket socket);
+  void refuse_overloaded(tcp::socket& socket);
+
+  asio::io_context& ioc_;
+  const ListenerOptions options_;
+  const LimitsSource limits_;
+  const Handler handler_;
+  const std::shared_ptr<ConnectionGauge> gauge_;
+  const RejectHook on_reject_;
+  tcp::acceptor acceptor_;
+  std::string overload_response_;
+  std::atomic<std::uint16_t> port_{0};
+  std::atomic<std::size_t> active_{0};
+  bool draining_ = false;
+  std::unordered_set<Session*> sessions_;
+};
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  // The caller has already counted this connection in the gauge; detach() uncounts it.
+  Session(std::shared_ptr<Listener> owner, tcp::socket socket)
+      : owner_(std::move(owner)),
+        socket_(std::move(socket)),
+        timer_(socket_.get_executor()),
+        id_(g_next_connection_id.fetch_add(1, std::memory_order_relaxed)) {
+    error_code ec;
+    peer_ = socket_.remote_endpoint(ec);
+    // Responses go out in one write; without this a pipelined or 100-continue exchange
+    // can stall on Nagle + delayed ACK for 40ms.
+    socket_.set_option(tcp::no_delay(true), ec);
+    owner_->attach(this);
+  }
+  ~Session() { owner_->detach(this); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  static asio::awaitable<void> run(std::shared_ptr<Session> self) { co_await self->serve(); }
+
+  std::uint64_t id() const noexcept { return id_; }
+
+  // Graceful shutdown: an idle connection closes now, a busy one after its response.
+  void request_close() {
+    close_requested_ = true;
+    if (idle_) interrupt(tcp::socket::shutdown_receive);
+  }
+
+ private:
+  enum class Deadline { read, write };
+
+  asio::awaitable<void> serve();
+  asio::awaitable<Response> call_handler(Request& req, const RequestContext& ctx);
+  asio::awaitable<bool> write(Response& res, Millis timeout);
+  asio::awaitable<void> refuse(http::status status, std::string_view code, std::string_view title,
+                               std::string_view detail, unsigned version,
+                               const RequestContext& ctx, Millis write_timeout);
+  asio::awaitable<void> lingering_close();
+
+  void arm(Millis after, Deadline kind);
+  void disarm();
+  void interrupt(tcp::socket::shutdown_type how) noexcept;
+  void close_now() noexcept {
+    error_code ignored;
+    socket_.close(ignored);
+  }
+
+  const std::shared_ptr<Listener> owner_;
+  tcp::socket socket_;
+  asio::steady_timer timer_;
+  beast::flat_buffer buffer_;
+  tcp::endpoint peer_;
+  const std::uint64_t id_;
+  std::uint64_t deadline_generation_ = 0;
+  bool timed_out_ = false;
+  bool idle_ = false;
+  bool close_requested_ = false;
+};
+
+// ---------------------------------------------------------------------------------------
+// Listener
+
+void Listener::start() {
+  const tcp::endpoint endpoint(listen_address(options_.endpoint), options_.endpoint.port);
+  acceptor_.open(endpoint.protocol());
+  acceptor_.set_option(tcp::acceptor::reuse_address(true));
+  if (options_.reuse_port) {
+    // Each worker owns an acceptor on the same port and the kernel spreads connections
+    // across them, so no accept lock or cross-thread hand-off is needed.
+    const int on = 1;
+    if (::setsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_REUSEPORT, &on, sizeof on) != 0) {
+      throw boost::system::system_error(error_code(errno, boost::system::system_category()),
+                                        "setsockopt(SO_REUSEPORT)");
+    }
+  }
+  acceptor_.bind(endpoint);
+  acceptor_.listen(options_.backlog);
+  port_.store(acceptor_.local_endpoint().port(), std::memory_order_relaxed);
+  asio::co_spawn(ioc_, accept_loop(shared_from_this()),
+                 [](std::exception_ptr e) { log_exception("listener", 0, e); });
+}
+
+void Listener::stop_accepting() {
+  asio::dispatch(ioc_, [self = shared_from_this()] {
+    // Closing (not just cancelling) releases the port, so a replacement process can bind
+    // it and new connects are refused by the kernel instead of queueing unanswered.
+    error_code ignored;
+    self->acceptor_.close(ignored);
+    self->draining_ = true;
+  });
+}
+
+void Listener::close_idle() {
+  asio::dispatch(ioc_, [self = shared_from_this()] {
+    for (Session* s : self->sessions_) s->request_close();
+  });
+}
+
+asio::awaitable<void> Listener::accept_loop(std::shared_ptr<Listener> self) {
+  asio::steady_timer backoff(self->ioc_);
+  for (;;) {
+    auto [ec, socket] = co_await self->acceptor_.async_accept(use_tuple);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !self->acceptor_.is_open()) co_return;
+      // EMFILE/ENFILE/ENOBUFS and aborted handshakes: the listener itself is fine.
+      spdlog::warn("accept on port {} failed: {}", self->port(), ec.message());
+      backoff.expires_after(kAcceptBackoff);
+      co_await backoff.async_wait(use_tuple);
+      continue;
+    }
+    // A connection accepted just before stop_accepting() is still served (its response
+    // will carry Connection: close): the kernel has already completed its handshake.
+    try {
+      self->admit(std::move(socket));
+    } catch (const std::exception& e) {
+      spdlog::error("cannot start a session: {}", e.what());
+    }
+    if (!self->acceptor_.is_open()) co_return;
+  }
+}
+
+void Listener::admit(tcp::socket socket) {
+  // Count first, then compare: two workers accepting at the same time cannot both slip
+  // under the limit. Zero means unlimited.
+  const auto max = limits().max_connections;
+  const auto before = gauge_->open.fetch_add(1, std::memory_order_acq_rel);
+  if (max != 0 && before >= max) {
+    gauge_->open.fetch_sub(1, std::memory_order_acq_rel);
+    refuse_overloaded(socket);
+    return;
+  }
+  std::shared_ptr<Session> session;
+  try {
+    session = std::make_shared<Session>(shared_from_this(), std::move(socket));
+  } catch (...) {
+    gauge_->open.fetch_sub(1, std::memory_order_acq_rel);  // ~Session never ran
+    throw;
+  }
+  const auto id = session->id();
+  asio::co_spawn(ioc_, Session::run(std::move(session)),
+                 [id](std::exception_ptr e) { log_exception("connection", id, e); });
+}
+
+// Over the limit we answer without reading the request: a single non-blocking write of a
+// canned 503 into a fresh socket's empty send buffer, then close. It spends no coroutine,
+// timer or buffer on a connection we are refusing because resources are short. A client
+// that already sent its request may see a reset instead of the 503; both mean "retry".
+void Listener::refuse_overloaded(tcp::socket& socket) {
+  error_code ec;
+  const auto peer = socket.remote_endpoint(ec);
+  report(RequestContext{peer, SteadyClock::now(), 0}, 503, "too_many_connections");
+  socket.non_blocking(true, ec);
+  if (!ec) socket.write_some(asio::buffer(overload_response_), ec);
+  socket.shutdown(tcp::socket::shutdown_send, ec);
+  socket.close(ec);
+}
+
+// ---------------------------------------------------------------------------------------
+// Session
+
+void Session::arm(Millis after, Deadline kind) {
+  timed_out_ = false;
+  const auto generation = ++deadline_generation_;
+  timer_.expires_after(after);
+  // The handler owns a reference: it may run after the operation it guards completed and
+  // the session finished, and must then find a live (if ignored) object.
+  timer_.async_wait([self = shared_from_this(), generation, kind](const error_code& ec) {
+    if (ec || generation != self->deadline_generation_) return;  // disarmed or re-armed
+    self->timed_out_ = true;
+    self->interrupt(kind == Deadline::write ? tcp::socket::shutdown_both
+                                            : tcp::socket::shutdown_receive);
+  });
+}
+
+void Session::disarm() {
+  ++deadline_generation_;
+  timer_.cancel();
+}
+
+// cancel() aborts the operation in flight, but a Beast composed operation may be between
+// two steps with nothing in flight; the shutdown makes the next step fail too (a read sees
+// EOF, a write EPIPE). Shutting down only the receive side keeps the socket writable for
+// the 408 that follows a read timeout.
+void Session::interrupt(tcp::socket::shutdown_type how) noexcept {
+  error_code ignored;
+  socket_.cancel(ignored);
+  socket_.shutdown(how, ignored);
+}
+
+asio::awaitable<bool> Session::write(Response& res, Millis timeout) {
+  arm(timeout, Deadline::write);
+  auto [ec, n] = co_await http::async_write(socket_, res, use_tuple);
+  disarm();
+  co_return !ec && !timed_out_;
+}
+
+asio::awaitable<void> Session::refuse(http::status status, std::string_view code,
+                                      std::string_view title, std::string_view detail,
+                                      unsigned version, const RequestContext& ctx,
+                                      Millis write_timeout) {
+  // Every refusal closes the connection: after a framing or limit error the position of
+  // the next request in the stream is unknown, and guessing is how smuggling starts.
+  auto res = make_problem(status, code, title, detail, version, /*keep_alive=*/false);
+  owner_->report(ctx, static_cast<int>(status), code);
+  if (co_await write(res, write_timeout)) {
+    co_await lingering_close();
+  } else {
+    close_now();
+  }
+}
+
+asio::awaitable<void> Session::lingering_close() {
+  error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_send, ec);
+  if (!ec) {
+    arm(kLingerTime, Deadline::read);
+    std::size_t discarded = 0;
+    while (!timed_out_ && discarded < kLingerMaxBytes) {
+      buffer_.clear();
+      auto [rec, n] = co_await socket_.async_read_some(buffer_.prepare(kDiscardReadSize), use_tuple);
+      if (rec) break;  // EOF: the client has read everything and closed
+      discarded += n;
+    }
+    disarm();
+  }
+  close_now();
+}
+
+asio::awaitable<Response> Session::call_handler(Request& req, const RequestContext& ctx) {
+  std::string failure;
+  try {
+    co_return co_await owner_->handler()(req, ctx);
+  } catch (const std::exception& e) {
+    failure = e.what();
+  } catch (...) {
+    failure = "unknown exception";
+  }
+  // A bug in one request must not cost the client its connection or the process its
+  // other requests; the request was read completely, so the stream is still in sync.
+  spdlog::error("connection {}: handler failed on {} {}: {}", id_, std::string(req.method_string()),
+                std::string(path_of(req.target())), failure);
+  owner_->report(ctx, 500, "internal_error");
+  co_return make_problem(http::status::internal_server_error, "internal_error",
+                         "Internal Server Error", "the request could not be processed",
+                         req.version(), req.keep_alive());
+}
+
+asio::awaitable<void> Session::serve() {
+  for (;;) {
+    // Read per request so a reload applies to the next request on open connections too.
+    const settings::Limits limits = owner_->limits();
+
+    // 1. Wait for the first byte of the next request under the idle timeout. Pipelined
+    //    bytes already buffered count as "arrived". Waiting for readability rather than
+    //    reading means an idle keep-alive connection holds no buffer at all, which is
+    //    what most of max_connections are at any moment.
+    if (buffer_.size() == 0) {
+      if (close_requested_) break;
+      buffer_.shrink_to_fit();
+      idle_ = true;
+      arm(limits.idle_timeout, Deadline::read);
+      auto [ec] = co_await socket_.async_wait(tcp::socket::wait_read, use_tuple);
+      disarm();
+      idle_ = false;
+      // Nothing had started: an idle timeout or shutdown ends silently. A client that
+      // closed shows up as readable; the header read below then sees a clean EOF.
+      if (ec || timed_out_ || close_requested_) break;
+    }
+
+    RequestContext ctx{peer_, SteadyClock::now(), id_};
+
+    // 2. The header, under the header timeout and size limit. The body limit is lifted
+    //    here: Beast would otherwise report an oversized Content-Length before we had a
+    //    chance to refuse ambiguous framing, and the contract ranks 400 above 413.
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(clamp_u32(limits.max_header_bytes));
+    parser.body_limit(boost::none);
+    arm(limits.header_timeout, Deadline::read);
+    auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
+    disarm();
+    if (timed_out_) {
+      co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                      "the request header was not received in time", 11, ctx,
+                      limits.body_timeout);
+      co_return;
+    }
+    if (hec == http::error::header_limit) {
+      co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                      "Request Header Fields Too Large",
+                      "the request header exceeds " + std::to_string(limits.max_header_bytes) +
+                          " bytes",
+                      11, ctx, limits.body_timeout);
+      co_return;
+    }
+    if (hec) {
+      if (is_malformed(hec)) {
+        co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                        "malformed request header", 11, ctx, limits.body_timeout);
+      } else {
+        close_now();  // the client went away mid-header
+      }
+      co_return;
+    }
+    ctx.received_at = SteadyClock::now();
+    const unsigned version = parser.get().version();
+
+    // 3. Framing, decided on the header alone, before any body byte is consumed.
+    const FramingCheck framing = inspect_framing(parser.get());
+    if (framing.framing == BodyFraming::invalid) {
+      co_await refuse(http::status::bad_request, "bad_request", "Bad Request", framing.problem,
+                      version, ctx, limits.body_timeout);
+      co_return;
+    }
+    if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
+      co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                      "the request body exceeds " + std::to_string(limits.max_request_body) +
+                          " bytes",
+                      version, ctx, limits.body_timeout);
+      co_return;
+    }
+
+    // 4. The body, under the body timeout and size limit.
+    if (!parser.is_done()) {
+      if (version >= 11 && expects_continue(parser.get())) {
+        // The client is waiting for our go-ahead before uploading (curl does this above
+        // 1 KiB); without it the exchange stalls for the client's own expect timeout.
+        http::response<http::empty_body> go_ahead{http::status::continue_, 11};
+        arm(limits.body_timeout, Deadline::write);
+        auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
+        disarm();
+        if (cec || timed_out_) break;
+      }
+      parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
+      arm(limits.body_timeout, Deadline::read);
+      auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
+      disarm();
+      if (timed_out_) {
+        co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                        "the request body was not received in time", version, ctx,
+                        limits.body_timeout);
+        co_return;
+      }
+      if (bec == http::error::body_limit) {
+        co_await refuse(http::status::payload_too_large, "request_too_large",
+                        "Content Too Large",
+                        "the request body exceeds " + std::to_string(limits.max_request_body) +
+                            " bytes",
+                        version, ctx, limits.body_timeout);
+        co_return;
+      }
+      if (bec) {
+        if (is_malformed(bec)) {
+          co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                          "malformed request body", version, ctx, limits.body_timeout);
+        } else {
+          close_now();
+        }
+        co_return;
+      }
+    }
+
+    // 5. The handler, then the response.
+    Request req = parser.release();
+    Response res = co_await call_handler(req, ctx);
+    const bool keep_alive = req.keep_alive() && !asks_to_close(res) && !owner_->draining() &&
+                            !close_requested_;
+    frame_response(res, req.method());
+    res.version(version);
+    res.keep_alive(keep_alive);
+    if (!co_await write(res, limits.body_timeout)) break;
+    if (!keep_alive) {
+      co_await lingering_close();
+      co_return;
+    }
+  }
+  close_now();
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Public interface
+
+struct Server::Impl : detail::Listener {
+  using Listener::Listener;
+};
+
+Server::Server(asio::io_context& ioc, ListenerOptions options, LimitsSource limits,
+               Handler handler, std::shared_ptr<ConnectionGauge> gauge, RejectHook on_reject)
+    : impl_(std::make_shared<Impl>(ioc, std::move(options), std::move(limits), std::move(handler),
+                                   std::move(gauge), std::move(on_reject))) {}
+
+// Sessions keep the listener state alive on their own; the Server object only has to stop
+// new ones from arriving (posted, so this is safe from any thread).
+Server::~Server() {
+  if (impl_) impl_->stop_accepting();
+}
+
+void Server::start() { impl_->start(); }
+std::uint16_t Server::port() const { return impl_->port(); }
+void Server::stop_accepting() { impl_->stop_accepting(); }
+void Server::close_idle() { impl_->close_idle(); }
+std::size_t Server::active_connections() const noexcept { return impl_->active(); }
+
+}  // namespace idem::server

@@ -1,0 +1,324 @@
+// Keep-alive client pool to the backend.
+//
+// The one thing this file must get right is Failure: the gateway releases a claim only
+// when the backend cannot have seen the request (connect_failed), and treats everything
+// after the first byte left us as "outcome unknown". So the classification follows what
+// was written, never what the error happened to be called.
+//
+// There is no retry here on purpose. Even a reused keep-alive connection that the backend
+// closed at the same instant we wrote is ambiguous, and only the gateway (which knows
+// whether the request is protected by a claim) may decide to try again.
+#include "upstream/client.hpp"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/read.hpp>
+#include <boost/beast/http/write.hpp>
+
+namespace idem::upstream {
+namespace {
+
+using tcp = asio::ip::tcp;
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+std::string strip_brackets(const std::string& host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    return host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// Host header value: IPv6 literals need their brackets back (RFC 3986 §3.2.2).
+std::string host_header(const std::string& bare_host, std::uint16_t port) {
+  const bool v6_literal = bare_host.find(':') != std::string::npos;
+  return (v6_literal ? "[" + bare_host + "]" : bare_host) + ":" + std::to_string(port);
+}
+
+// Whether an idle keep-alive connection can still carry a request. The backend may have
+// closed it (idle timeout, restart) while it sat in the pool; writing into such a socket
+// "succeeds" and the failure only shows up as a reset afterwards, indistinguishable from
+// a backend that crashed mid-request. A non-blocking peek tells the two apart up front:
+// EOF or an error means closed; unsolicited bytes (e.g. a 408 the backend sent on its own)
+// mean the connection is out of step. Only "nothing to read yet" is healthy.
+bool still_usable(tcp::socket& socket) noexcept {
+  char probe;
+  for (;;) {
+    const auto n = ::recv(socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+  }
+}
+
+Failure classify_read_error(const error_code& ec) noexcept {
+  if (ec == beast::error::timeout) return Failure::timeout;
+  if (ec == http::error::body_limit || ec == http::error::header_limit) {
+    // The header limit is reported as "too large" as well: the backend did answer, and
+    // what it sent was bigger than we accept.
+    return Failure::response_too_large;
+  }
+  if (ec == http::error::end_of_stream || ec == http::error::partial_message) {
+    return Failure::broken;
+  }
+  if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
+    return Failure::bad_response;
+  }
+  return Failure::broken;  // reset, EPIPE, ...: the connection died under the exchange
+}
+
+}  // namespace
+
+struct Pool::Impl {
+  struct IdleConnection {
+    tcp::socket socket;
+    SteadyClock::time_point since;
+  };
+
+  Impl(asio::any_io_executor ex, PoolOptions opts)
+      : executor(std::move(ex)),
+        options(std::move(opts)),
+        bare_host(strip_brackets(options.host)),
+        host_value(host_header(bare_host, options.port)),
+        sweeper(executor) {
+    error_code ec;
+    const auto address = asio::ip::make_address(bare_host, ec);
+    if (!ec) {
+      // An address literal never needs a lookup (or a re-lookup after a failure).
+      literal = tcp::endpoint(address, options.port);
+      endpoints.push_back(*literal);
+    }
+  }
+
+  ~Impl() { close_all_idle(); }
+
+  asio::awaitable<error_code> ensure_endpoints();
+  std::optional<tcp::socket> take_idle();
+  void give_back(tcp::socket socket);
+  void drop_expired(SteadyClock::time_point now);
+  void close_all_idle() noexcept;
+  void schedule_sweep();
+
+  asio::any_io_executor executor;
+  PoolOptions options;
+  std::string bare_host;
+  std::string host_value;
+  std::optional<tcp::endpoint> literal;
+  std::vector<tcp::endpoint> endpoints;
+  // Most recently used at the back: LIFO reuse keeps a few connections hot and lets the
+  // rest age out, instead of spreading load thinly so that none ever becomes idle.
+  std::vector<IdleConnection> idle;
+  bool shut_down = false;
+  asio::steady_timer sweeper;
+  bool sweep_scheduled = false;
+  // Tells a sweeper callback that outlived the pool not to touch it.
+  std::shared_ptr<char> alive = std::make_shared<char>();
+};
+
+asio::awaitable<error_code> Pool::Impl::ensure_endpoints() {
+  if (!endpoints.empty()) co_return error_code{};
+  // The resolver runs getaddrinfo on a background thread, so the event loop never blocks;
+  // its duration is bounded by the system resolver's own timeouts, not ours.
+  tcp::resolver resolver(executor);
+  auto [ec, results] = co_await resolver.async_resolve(bare_host, std::to_string(options.port),
+                                                        use_tuple);
+  if (ec) co_return ec;
+  if (results.empty()) co_return asio::error::host_not_found;
+  endpoints.clear();
+  for (const auto& entry : results) endpoints.push_back(entry.endpoint());
+  co_return error_code{};
+}
+
+void Pool::Impl::drop_expired(SteadyClock::time_point now) {
+  // The vector is ordered by `since` (oldest first), so expired ones form a prefix.
+  const auto first_live = std::find_if(idle.begin(), idle.end(), [&](const IdleConnection& c) {
+    return now - c.since < options.idle_ttl;
+  });
+  for (auto it = idle.begin(); it != first_live; ++it) {
+    error_code ignored;
+    it->socket.close(ignored);
+  }
+  idle.erase(idle.begin(), first_live);
+}
+
+std::optional<tcp::socket> Pool::Impl::take_idle() {
+  drop_expired(SteadyClock::now());
+  while (!idle.empty()) {
+    tcp::socket socket = std::move(idle.back().socket);
+    idle.pop_back();
+    if (still_usable(socket)) return socket;
+    error_code ignored;
+    socket.close(ignored);
+  }
+  return std::nullopt;
+}
+
+void Pool::Impl::give_back(tcp::socket socket) {
+  if (shut_down || options.max_idle == 0) {
+    error_code ignored;
+    socket.close(ignored);
+    return;
+  }
+  if (idle.size() >= options.max_idle) {
+    // Full: the oldest idle connection is the least likely to be wanted again.
+    error_code ignored;
+    idle.front().socket.close(ignored);
+    idle.erase(idle.begin());
+  }
+  idle.push_back({std::move(socket), SteadyClock::now()});
+  schedule_sweep();
+}
+
+// Without traffic nobody would look at the idle list, and connections the backend closed
+// would sit in CLOSE_WAIT until the next request. One timer per pool walks it at the
+// oldest connection's expiry.
+void Pool::Impl::schedule_sweep() {
+  if (sweep_scheduled || idle.empty()) return;
+  sweep_scheduled = true;
+  sweeper.expires_at(idle.front().since + options.idle_ttl);
+  sweeper.async_wait([this, token = std::weak_ptr<char>(alive)](const error_code& ec) {
+    if (token.expired()) return;  // the pool is gone; `this` dangles
+    sweep_scheduled = false;
+    if (ec) return;
+    drop_expired(SteadyClock::now());
+    schedule_sweep();
+  });
+}
+
+void Pool::Impl::close_all_idle() noexcept {
+  for (auto& c : idle) {
+    error_code ignored;
+    c.socket.close(ignored);
+  }
+  idle.clear();
+  sweeper.cancel();
+}
+
+Pool::Pool(asio::any_io_executor executor, PoolOptions options)
+    : impl_(std::make_unique<Impl>(std::move(executor), std::move(options))) {}
+
+Pool::~Pool() = default;
+
+void Pool::shutdown() {
+  impl_->shut_down = true;
+  impl_->close_all_idle();
+}
+
+std::size_t Pool::idle_count() const noexcept { return impl_->idle.size(); }
+
+asio::awaitable<Outcome> Pool::send(Request request) {
+  Impl& pool = *impl_;
+  const auto deadline = SteadyClock::now() + pool.options.response_timeout;
+  Outcome out;
+
+  // We speak HTTP/1.1 on this hop whatever the client spoke (RFC 9110 §6.2: an
+  // intermediary sends its own version), and we frame the body ourselves.
+  request.version(11);
+  if (request.find(http::field::host) == request.end()) request.set(http::field::host, pool.host_value);
+  request.erase(http::field::transfer_encoding);
+  request.erase(http::field::content_length);
+  // Not prepare_payload(): it throws on a TRACE with a body, and send() must not throw.
+  // Methods that define a body get a length even when it is empty (RFC 9110 §8.6).
+  const auto method = request.method();
+  if (!request.body().empty() || method == http::verb::post || method == http::verb::put ||
+      method == http::verb::patch) {
+    request.content_length(request.body().size());
+  }
+  request.keep_alive(true);
+  const bool head = request.method() == http::verb::head;
+
+  std::optional<beast::tcp_stream> connection;
+  if (auto socket = pool.take_idle()) {
+    connection.emplace(std::move(*socket));
+    out.reused_connection = true;
+  } else {
+    if (const auto ec = co_await pool.ensure_endpoints()) {
+      out.failure = Failure::connect_failed;
+      co_return out;
+    }
+    // A copy: another exchange may clear the shared list while this connect is running.
+    const std::vector<tcp::endpoint> candidates = pool.endpoints;
+    connection.emplace(pool.executor);
+    connection->expires_at(std::min(deadline, SteadyClock::now() + pool.options.connect_timeout));
+    auto [ec, endpoint] = co_await connection->async_connect(candidates, use_tuple);
+    if (ec) {
+      // The name may now point elsewhere (a redeployed backend): look it up again next time.
+      if (!pool.literal) pool.endpoints.clear();
+      out.failure = Failure::connect_failed;
+      co_return out;
+    }
+    error_code ignored;
+    connection->socket().set_option(tcp::no_delay(true), ignored);
+  }
+  beast::tcp_stream& stream = *connection;
+
+  stream.expires_at(deadline);
+  auto [wec, written] = co_await http::async_write(stream, request, use_tuple);
+  if (wec) {
+    // Not one byte accepted by the kernel means the backend cannot have seen the request:
+    // that is as safe to release as a refused connect.
+    if (written == 0) {
+      out.failure = Failure::connect_failed;
+    } else {
+      out.failure = wec == beast::error::timeout ? Failure::timeout : Failure::broken;
+    }
+    co_return out;
+  }
+
+  beast::flat_buffer buffer;
+  for (;;) {
+    http::response_parser<http::string_body> parser;
+    parser.header_limit(static_cast<std::uint32_t>(
+        std::min<std::size_t>(pool.options.max_response_header, UINT32_MAX)));
+    parser.body_limit(pool.options.max_response_body);
+    if (head) parser.skip(true);  // a HEAD response carries a length but no body
+    auto [rec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    if (rec) {
+      out.failure = classify_read_error(rec);
+      co_return out;
+    }
+    const unsigned status = parser.get().result_int();
+    if (status == 101) {
+      out.failure = Failure::bad_response;  // we never asked to switch protocols
+      co_return out;
+    }
+    if (status / 100 == 1) continue;  // interim (100 Continue, 103 Early Hints): skip
+
+    // Pool the connection only when the exchange ended exactly at a message boundary
+    // that both sides agree on: a close-delimited body, "Connection: close" or stray
+    // bytes after the response all mean the stream cannot carry another request.
+    const bool reusable = parser.keep_alive() && !parser.need_eof() && buffer.size() == 0;
+    out.response = parser.release();
+    if (reusable) {
+      stream.expires_never();
+      pool.give_back(stream.release_socket());
+    }
+    co_return out;
+  }
+}
+
+const char* to_string(Failure f) noexcept {
+  switch (f) {
+    case Failure::none: return "none";
+    case Failure::connect_failed: return "connect_failed";
+    case Failure::timeout: return "timeout";
+    case Failure::broken: return "broken";
+    case Failure::response_too_large: return "response_too_large";
+    case Failure::bad_response: return "bad_response";
+  }
+  return "unknown";
+}
+
+}  // namespace idem::upstream
