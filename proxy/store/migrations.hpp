@@ -46,7 +46,9 @@ struct SchemaCheck {
 SchemaCheck check_schema(const std::string& conninfo, Millis connect_timeout);
 
 // SQL that asks the same question, for the async readiness probe: returns one row per
-// applied migration (version, checksum). Compare with compare_schema().
+// applied migration (version, checksum). Compare with compare_schema(). Before the first
+// migration the table does not exist and the query fails with SQLSTATE 42P01
+// (undefined_table): treat that as SchemaStatus::behind.
 extern const char* const kSchemaQuery;
 SchemaCheck compare_schema(const std::vector<std::pair<int, std::string>>& applied);
 

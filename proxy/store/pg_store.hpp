@@ -1,6 +1,12 @@
 #pragma once
 // The PostgreSQL Store: every operation is one prepared statement on a pooled async
 // connection (one round trip), scoped by the full primary key, decided by now().
+// Errors are idem::errc (see pg::to_store_errc for the SQLSTATE mapping); the pool's
+// last_error_message() has the server's text for logs.
+//
+// Like the pool, a PgStore belongs to one io_context thread. It must outlive the start of
+// each call; a call in flight keeps the pool alive by itself. Request arguments (ids,
+// bodies) are referenced, not copied: keep them alive until the call completes.
 #include <memory>
 
 #include "pg/pool.hpp"

@@ -1,0 +1,566 @@
+#include "pg/connection.hpp"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cstdlib>
+
+#include <boost/asio/deferred.hpp>
+#include <boost/asio/experimental/parallel_group.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <libpq-fe.h>
+
+namespace idem::pg::detail {
+namespace {
+
+// libpq prints server NOTICEs to stderr by default, bypassing the structured logs; the
+// statements we run raise none worth keeping.
+void discard_notice(void*, const char*) {}
+
+// Text parameters must be NUL-terminated for libpq, and string_views are not: they are
+// copied here. Binary parameters (bytea) are passed in place with their length.
+struct ParamBuffers {
+  std::vector<std::string> text;
+  std::vector<const char*> values;
+  std::vector<int> lengths;
+  std::vector<int> formats;
+
+  error_code build(const std::vector<Param>* params) {
+    if (!params) return {};
+    const std::size_t n = params->size();
+    text.reserve(n);
+    values.reserve(n);
+    lengths.reserve(n);
+    formats.reserve(n);
+    for (const Param& p : *params) {
+      if (p.null) {
+        values.push_back(nullptr);
+        lengths.push_back(0);
+        formats.push_back(0);
+      } else if (p.binary) {
+        // A null pointer would mean SQL NULL: an empty payload needs a real address.
+        values.push_back(p.value.empty() ? "" : p.value.data());
+        lengths.push_back(static_cast<int>(p.value.size()));
+        formats.push_back(1);
+      } else {
+        // The text protocol ends values at NUL; a silent truncation would store
+        // something other than what the caller passed.
+        if (p.value.find('\0') != std::string_view::npos) {
+          return make_error_code(errc::invalid_parameter);
+        }
+        text.emplace_back(p.value);
+        values.push_back(text.back().c_str());
+        lengths.push_back(0);
+        formats.push_back(0);
+      }
+    }
+    return {};
+  }
+  int count() const { return static_cast<int>(values.size()); }
+};
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t comma = s.find(',', start);
+    parts.push_back(s.substr(start, comma - start));
+    if (comma == std::string::npos) return parts;
+    start = comma + 1;
+  }
+}
+
+std::string join_commas(const std::vector<std::string>& parts) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    if (i) out.push_back(',');
+    out += parts[i];
+  }
+  return out;
+}
+
+// Entries libpq will not look up: empty (default), Unix socket directories and abstract
+// sockets, and literal addresses.
+bool needs_lookup(const std::string& host) {
+  if (host.empty() || host[0] == '/' || host[0] == '@') return false;
+  error_code ec;
+  asio::ip::make_address(host, ec);
+  return static_cast<bool>(ec);
+}
+
+}  // namespace
+
+Connection::Connection(asio::any_io_executor executor)
+    : socket_(executor), resolver_(executor), deadline_(executor) {}
+
+Connection::~Connection() { close(); }
+
+void Connection::close() noexcept {
+  disarm_deadline();
+  // libpq owns the socket: Asio must let go of it (deregistering it from epoll) before
+  // PQfinish closes it, or Asio would later close a descriptor number that may already
+  // belong to another file.
+  if (socket_.is_open()) socket_.release();
+  if (conn_) {
+    PQfinish(conn_);
+    conn_ = nullptr;
+  }
+  broken_ = true;
+}
+
+int Connection::backend_pid() const noexcept { return conn_ ? PQbackendPID(conn_) : 0; }
+
+bool Connection::reusable() const noexcept {
+  return conn_ && !broken_ && !in_call_ && PQstatus(conn_) == CONNECTION_OK &&
+         PQtransactionStatus(conn_) == PQTRANS_IDLE &&
+         PQpipelineStatus(conn_) == PQ_PIPELINE_OFF;
+}
+
+bool Connection::idle_healthy() const noexcept {
+  if (!reusable()) return false;
+  // An idle session receives nothing unless the server is ending it (shutdown,
+  // pg_terminate_backend, idle_session_timeout): then a FATAL message and/or EOF is
+  // waiting in the socket. Handing out such a connection would fail the next call for
+  // nothing, so any pending input (or error/hang-up) retires it. The rare harmless
+  // asynchronous message only costs a reconnect.
+  pollfd pfd{};
+  pfd.fd = PQsocket(conn_);
+  pfd.events = POLLIN;
+  const int n = ::poll(&pfd, 1, 0);
+  return n == 0;
+}
+
+void Connection::arm_deadline(Millis d) {
+  timed_out_ = false;
+  const std::uint64_t generation = ++deadline_generation_;
+  deadline_.expires_after(d);
+  // The handler holds only a weak reference: a pending deadline must not keep a closed
+  // connection alive, and it must act only on the call that armed it.
+  deadline_.async_wait([weak = weak_from_this(), generation](const error_code& ec) {
+    if (ec) return;  // disarmed
+    auto self = weak.lock();
+    if (!self || self->deadline_generation_ != generation) return;
+    self->timed_out_ = true;
+    // The call is suspended in a socket wait or a name lookup (the only places it can be
+    // while this handler runs on the same thread): cancelling wakes it with
+    // operation_aborted, and it then reports the timeout and leaves the connection to be
+    // closed. Nothing ever blocks on the server, so there is no blocking PQcancel round
+    // trip either.
+    error_code ignored;
+    self->socket_.cancel(ignored);
+    self->resolver_.cancel();
+  });
+}
+
+void Connection::disarm_deadline() noexcept {
+  ++deadline_generation_;
+  deadline_.cancel();
+}
+
+error_code Connection::lost(std::string_view fallback_message) {
+  broken_ = true;
+  const char* msg = conn_ ? PQerrorMessage(conn_) : nullptr;
+  error_message_ = (msg && *msg) ? msg : std::string(fallback_message);
+  return make_error_code(errc::connection_lost);
+}
+
+error_code Connection::attach_socket() {
+  // Re-attached after every PQconnectPoll, not only when the number changes: libpq may
+  // close the socket and open another (next host of a multi-host URI, SSL fallback),
+  // and the new one can reuse the same descriptor number. epoll drops a closed file's
+  // registration, so waiting through the old registration would never wake up.
+  if (socket_.is_open()) socket_.release();
+  const int fd = PQsocket(conn_);
+  if (fd < 0) {
+    error_message_ = PQerrorMessage(conn_);
+    return make_error_code(errc::connection_failed);
+  }
+  error_code ec;
+  socket_.assign(fd, ec);
+  if (ec) {
+    error_message_ = "cannot watch the PostgreSQL socket: " + ec.message();
+    return make_error_code(errc::connection_failed);
+  }
+  return {};
+}
+
+asio::awaitable<error_code> Connection::wait(Wait what) {
+  if (timed_out_) co_return make_error_code(errc::timeout);
+  // Asio waits with level semantics here: a wait that starts while the socket is already
+  // ready completes at once (the reactor re-arms the descriptor with EPOLL_CTL_MOD), so a
+  // readiness edge consumed earlier is never lost.
+  error_code ec;
+  if (what == Wait::read_or_write) {
+    auto [order, read_ec, write_ec] =
+        co_await asio::experimental::make_parallel_group(
+            socket_.async_wait(asio::posix::stream_descriptor::wait_read, asio::deferred),
+            socket_.async_wait(asio::posix::stream_descriptor::wait_write, asio::deferred))
+            .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
+    ec = order[0] == 0 ? read_ec : write_ec;
+  } else {
+    const auto type = what == Wait::read ? asio::posix::stream_descriptor::wait_read
+                                         : asio::posix::stream_descriptor::wait_write;
+    co_await socket_.async_wait(type, asio::redirect_error(asio::use_awaitable, ec));
+  }
+  if (timed_out_) {
+    broken_ = true;
+    error_message_ = "client-side deadline passed";
+    co_return make_error_code(errc::timeout);
+  }
+  if (ec == asio::error::operation_aborted) {
+    broken_ = true;
+    error_message_ = "call cancelled";
+    co_return make_error_code(errc::cancelled);
+  }
+  if (ec) {
+    broken_ = true;
+    error_message_ = "socket wait failed: " + ec.message();
+    co_return make_error_code(errc::connection_lost);
+  }
+  co_return error_code{};
+}
+
+asio::awaitable<error_code> Connection::poll_connect() {
+  // libpq's contract: behave as if the first poll had answered "writing".
+  PostgresPollingStatusType status = PGRES_POLLING_WRITING;
+  for (;;) {
+    if (auto ec = attach_socket()) co_return ec;
+    const Wait what = status == PGRES_POLLING_READING ? Wait::read : Wait::write;
+    if (auto ec = co_await wait(what)) co_return ec;
+    status = PQconnectPoll(conn_);
+    if (status == PGRES_POLLING_OK) co_return error_code{};
+    if (status == PGRES_POLLING_FAILED) {
+      error_message_ = PQerrorMessage(conn_);
+      co_return make_error_code(errc::connection_failed);
+    }
+  }
+}
+
+asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninfo,
+                                                      ConnectParams& out) {
+  // libpq looks host names up with a blocking getaddrinfo() inside PQconnectStart and
+  // PQconnectPoll: a slow DNS server would stall every request on this thread. Names are
+  // resolved here instead (Asio's resolver runs getaddrinfo on its own thread) and passed
+  // as hostaddr next to the unchanged host, which libpq still uses for TLS name checks and
+  // .pgpass. Each address becomes its own host/hostaddr entry, in order, so libpq tries
+  // them exactly as it would have (multi-host lists, target_session_attrs...).
+  char* parse_error = nullptr;
+  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
+  if (!parsed) {
+    error_message_ = parse_error ? parse_error : "invalid connection string";
+    if (parse_error) PQfreemem(parse_error);
+    co_return make_error_code(errc::connection_failed);
+  }
+  std::string host, hostaddr, port;
+  for (PQconninfoOption* o = parsed; o->keyword; ++o) {
+    if (!o->val) continue;
+    const std::string_view key = o->keyword;
+    if (key == "host") {
+      host = o->val;
+    } else if (key == "hostaddr") {
+      hostaddr = o->val;
+    } else if (key == "port") {
+      port = o->val;
+    } else {
+      out.add(o->keyword, o->val);
+    }
+  }
+  PQconninfoFree(parsed);
+  // The environment fills what the string leaves out, as libpq would.
+  if (host.empty() && hostaddr.empty()) {
+    if (const char* env = std::getenv("PGHOST")) host = env;
+    if (const char* env = std::getenv("PGHOSTADDR")) hostaddr = env;
+  }
+
+  const auto pass_through = [&] {
+    if (!host.empty()) out.add("host", host);
+    if (!hostaddr.empty()) out.add("hostaddr", hostaddr);
+    if (!port.empty()) out.add("port", port);
+  };
+  const std::vector<std::string> hosts = split_commas(host);
+  const std::vector<std::string> ports = split_commas(port);
+  const bool per_host_ports = ports.size() > 1;
+  // Already resolved by the user, nothing to look up, or a malformed list libpq should
+  // report itself.
+  if (!hostaddr.empty() || host.empty() || (per_host_ports && ports.size() != hosts.size()) ||
+      std::none_of(hosts.begin(), hosts.end(), needs_lookup)) {
+    pass_through();
+    co_return error_code{};
+  }
+
+  std::vector<std::string> out_hosts, out_addrs, out_ports;
+  for (std::size_t i = 0; i < hosts.size(); ++i) {
+    const std::string& h = hosts[i];
+    const std::string p = per_host_ports ? ports[i] : std::string();
+    if (!needs_lookup(h)) {
+      out_hosts.push_back(h);
+      out_addrs.emplace_back();  // empty entry: libpq uses the host as given
+      out_ports.push_back(p);
+      continue;
+    }
+    error_code ec;
+    auto results = co_await resolver_.async_resolve(
+        h, "", asio::redirect_error(asio::use_awaitable, ec));
+    if (timed_out_) co_return make_error_code(errc::timeout);
+    if (ec == asio::error::operation_aborted) co_return make_error_code(errc::cancelled);
+    if (ec) {
+      // Like libpq, a name that does not resolve only skips that host.
+      if (hosts.size() > 1) continue;
+      error_message_ = "could not translate host name \"" + h + "\" to address: " + ec.message();
+      co_return make_error_code(errc::connection_failed);
+    }
+    std::vector<std::string> seen;
+    for (const auto& entry : results) {
+      std::string addr = entry.endpoint().address().to_string();
+      if (std::find(seen.begin(), seen.end(), addr) != seen.end()) continue;
+      seen.push_back(addr);
+      out_hosts.push_back(h);
+      out_addrs.push_back(std::move(addr));
+      out_ports.push_back(p);
+    }
+  }
+  if (out_hosts.empty()) {
+    error_message_ = "could not translate any host name to an address";
+    co_return make_error_code(errc::connection_failed);
+  }
+  out.add("host", join_commas(out_hosts));
+  out.add("hostaddr", join_commas(out_addrs));
+  if (per_host_ports) {
+    out.add("port", join_commas(out_ports));
+  } else if (!port.empty()) {
+    out.add("port", port);
+  }
+  co_return error_code{};
+}
+
+asio::awaitable<error_code> Connection::connect(const PoolOptions& options) {
+  error_message_.clear();
+  in_call_ = true;
+  // libpq's own connect_timeout only applies to its blocking connect; with
+  // PQconnectPoll the caller enforces it, here for name lookup, connect and session
+  // setup together.
+  arm_deadline(options.connect_timeout);
+  error_code ec = co_await start_and_setup(options);
+  disarm_deadline();
+  in_call_ = false;
+  if (ec) {
+    broken_ = true;
+    // A connection that breaks before it is ready is a failed connect, whatever step
+    // noticed it.
+    if (ec == errc::connection_lost) ec = make_error_code(errc::connection_failed);
+  }
+  co_return ec;
+}
+
+asio::awaitable<error_code> Connection::start_and_setup(const PoolOptions& options) {
+  ConnectParams params;
+  if (auto ec = co_await resolve_hosts(options.conninfo, params)) co_return ec;
+  std::vector<const char*> keys, values;
+  for (std::size_t i = 0; i < params.keys.size(); ++i) {
+    keys.push_back(params.keys[i].c_str());
+    values.push_back(params.values[i].c_str());
+  }
+  keys.push_back(nullptr);
+  values.push_back(nullptr);
+  // expand_dbname = 0: the conninfo was parsed above; dbname is now a plain name.
+  conn_ = PQconnectStartParams(keys.data(), values.data(), 0);
+  if (!conn_) {
+    error_message_ = "libpq could not allocate a connection";
+    co_return make_error_code(errc::connection_failed);
+  }
+  PQsetNoticeProcessor(conn_, &discard_notice, nullptr);
+  if (PQstatus(conn_) == CONNECTION_BAD) {
+    error_message_ = PQerrorMessage(conn_);
+    co_return make_error_code(errc::connection_failed);
+  }
+  if (auto ec = co_await poll_connect()) co_return ec;
+  if (PQsetnonblocking(conn_, 1) != 0) {
+    error_message_ = PQerrorMessage(conn_);
+    co_return make_error_code(errc::connection_failed);
+  }
+  co_return co_await setup_session(options);
+}
+
+asio::awaitable<error_code> Connection::setup_session(const PoolOptions& options) {
+  // One pipelined round trip for the session settings and every prepared statement,
+  // instead of 1 + N: reconnect storms after a database restart stay short.
+  //
+  // lock_timeout = statement_timeout bounds lock waits on its own as well (the
+  // statement's timer starts first and normally fires first; lock_timeout still holds if
+  // a caller changes statement_timeout on the session); idle_in_transaction_session_timeout
+  // guards against a transaction left open by a caller that vanished (we never hold one
+  // across calls); bytea_output is pinned because decode_bytea_hex() reads only hex.
+  static constexpr const char* kSetupSql =
+      "SELECT set_config('statement_timeout', $1, false),"
+      " set_config('lock_timeout', $1, false),"
+      " set_config('idle_in_transaction_session_timeout', $2, false),"
+      " set_config('application_name', $3, false),"
+      " set_config('bytea_output', 'hex', false)";
+  const std::string statement_ms = std::to_string(options.statement_timeout.count());
+  const std::string idle_tx_ms =
+      std::to_string((options.statement_timeout + options.deadline_margin).count());
+  const char* const values[] = {statement_ms.c_str(), idle_tx_ms.c_str(),
+                                options.application_name.c_str()};
+
+  if (PQenterPipelineMode(conn_) != 1) co_return lost("cannot enter pipeline mode");
+  if (PQsendQueryParams(conn_, kSetupSql, 3, nullptr, values, nullptr, nullptr, 0) != 1) {
+    co_return lost("cannot send the session setup");
+  }
+  for (const PreparedStatement& s : options.statements) {
+    if (PQsendPrepare(conn_, s.name.c_str(), s.sql.c_str(), 0, nullptr) != 1) {
+      co_return lost("cannot send a prepared statement");
+    }
+  }
+  if (PQpipelineSync(conn_) != 1) co_return lost("cannot sync the pipeline");
+  if (auto ec = co_await flush()) co_return ec;
+
+  // Each queued command yields its results and then a null; the first error aborts the
+  // rest of the pipeline (PGRES_PIPELINE_ABORTED), and the sync point closes it.
+  error_code first_error;
+  const std::size_t commands = 1 + options.statements.size();
+  for (std::size_t i = 0; i < commands; ++i) {
+    for (;;) {
+      auto next = co_await next_result();
+      if (!next) co_return next.error();
+      if (*next == nullptr) break;
+      Result r(*next);
+      const ExecStatusType st = PQresultStatus(r.native());
+      if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK) continue;
+      if (!first_error) {
+        first_error = st == PGRES_PIPELINE_ABORTED ? make_error_code(errc::protocol)
+                                                   : error_from_result(r);
+      }
+    }
+  }
+  auto sync = co_await next_result();
+  if (!sync) co_return sync.error();
+  Result sync_result(*sync);
+  if (PQresultStatus(sync_result.native()) != PGRES_PIPELINE_SYNC ||
+      PQexitPipelineMode(conn_) != 1) {
+    broken_ = true;
+    if (!first_error) {
+      error_message_ = "session setup pipeline did not end as expected";
+      first_error = make_error_code(errc::protocol);
+    }
+  }
+  co_return first_error;
+}
+
+asio::awaitable<error_code> Connection::flush() {
+  for (;;) {
+    const int r = PQflush(conn_);
+    if (r == 0) co_return error_code{};
+    if (r < 0) co_return lost("cannot send to the server");
+    // The kernel buffer is full. Per libpq, wait for either direction: the server may be
+    // blocked writing to us (a NOTICE, an early error) and not read until we read.
+    if (auto ec = co_await wait(Wait::read_or_write)) co_return ec;
+    if (PQconsumeInput(conn_) != 1) co_return lost("cannot read from the server");
+  }
+}
+
+asio::awaitable<result<::pg_result*>> Connection::next_result() {
+  // PQgetResult would block while a result is incomplete: only call it when PQisBusy
+  // says the buffered input holds a whole one (or the command is finished).
+  //
+  // With TLS this relies on the server's records fitting the 8 KiB libpq keeps free
+  // (PostgreSQL's send buffer is 8 KiB); otherwise decrypted data could sit in OpenSSL
+  // while the socket stays quiet. Vanilla PostgreSQL satisfies it.
+  while (PQisBusy(conn_) != 0) {
+    if (auto ec = co_await wait(Wait::read)) co_return ec;
+    if (PQconsumeInput(conn_) != 1) co_return lost("cannot read from the server");
+  }
+  co_return PQgetResult(conn_);
+}
+
+error_code Connection::error_from_result(const Result& r) {
+  const char* msg = PQresultErrorMessage(r.native());
+  error_message_ = (msg && *msg) ? msg : "PostgreSQL reported an error";
+  const char* state = PQresultErrorField(r.native(), PG_DIAG_SQLSTATE);
+  if (state && *state) {
+    error_code ec = make_sqlstate_error(state);
+    // After a connection-class or shutdown error the session is gone or going: never
+    // hand it out again, whatever PQstatus says at this instant.
+    if (to_store_errc(ec) == idem::errc::store_unavailable) broken_ = true;
+    return ec;
+  }
+  // libpq-generated errors carry no SQLSTATE: they describe the connection itself.
+  if (PQstatus(conn_) != CONNECTION_OK) {
+    broken_ = true;
+    return make_error_code(errc::connection_lost);
+  }
+  return make_error_code(errc::protocol);
+}
+
+asio::awaitable<result<Result>> Connection::collect_results() {
+  // A single statement yields one result (or one error) and then null. Draining to the
+  // null is what leaves the connection ready for the next call.
+  Result kept;
+  error_code first_error;
+  for (;;) {
+    auto next = co_await next_result();
+    if (!next) co_return next.error();
+    if (*next == nullptr) break;
+    Result r(*next);
+    switch (PQresultStatus(r.native())) {
+      case PGRES_TUPLES_OK:
+      case PGRES_COMMAND_OK:
+        if (!first_error && !kept) kept = std::move(r);
+        break;
+      case PGRES_FATAL_ERROR:
+      case PGRES_BAD_RESPONSE:
+        if (!first_error) first_error = error_from_result(r);
+        break;
+      default:
+        // COPY modes, empty queries, single-row mode: nothing this client issues. COPY in
+        // particular would keep returning results forever; drop the connection instead.
+        broken_ = true;
+        error_message_ = "unexpected result status ";
+        error_message_ += PQresStatus(PQresultStatus(r.native()));
+        co_return make_error_code(errc::protocol);
+    }
+  }
+  if (first_error) co_return first_error;
+  if (!kept) {
+    error_message_ = "the server returned no result";
+    co_return make_error_code(errc::protocol);
+  }
+  co_return std::move(kept);
+}
+
+asio::awaitable<result<Result>> Connection::run(const Command& command, Millis deadline) {
+  error_message_.clear();
+  if (!reusable()) {
+    error_message_ = "connection is not usable";
+    co_return make_error_code(errc::connection_lost);
+  }
+  ParamBuffers params;
+  if (auto ec = params.build(command.params)) {
+    error_message_ = "text parameter contains a NUL byte";
+    co_return ec;
+  }
+
+  in_call_ = true;
+  arm_deadline(deadline);
+  const int sent =
+      command.kind == Command::Kind::prepared
+          ? PQsendQueryPrepared(conn_, std::string(command.text).c_str(), params.count(),
+                                params.values.data(), params.lengths.data(),
+                                params.formats.data(), 0)
+          : PQsendQueryParams(conn_, std::string(command.text).c_str(), params.count(),
+                              nullptr, params.values.data(), params.lengths.data(),
+                              params.formats.data(), 0);
+  result<Result> out = make_error_code(errc::protocol);
+  if (sent != 1) {
+    out = lost("cannot send the statement");
+  } else if (auto ec = co_await flush()) {
+    out = ec;
+  } else {
+    out = co_await collect_results();
+  }
+  disarm_deadline();
+  in_call_ = false;
+  co_return out;
+}
+
+}  // namespace idem::pg::detail

@@ -1,0 +1,102 @@
+#pragma once
+// One non-blocking libpq connection driven by Asio (internal to pg/; the Pool is the public
+// face). All waiting happens in async_wait on the libpq socket, so a slow server never
+// blocks the io_context. Not thread-safe: it lives on its pool's thread.
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/types.hpp"
+#include "pg/pool.hpp"
+#include "pg/result.hpp"
+
+struct pg_conn;  // libpq's PGconn
+
+namespace idem::pg::detail {
+
+// What to run: a prepared statement by name, or one SQL statement.
+struct Command {
+  enum class Kind { prepared, sql };
+  Kind kind = Kind::sql;
+  std::string_view text;              // statement name or SQL
+  const std::vector<Param>* params = nullptr;
+};
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  explicit Connection(asio::any_io_executor executor);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // Opens the connection and prepares the session (timeouts, application_name, prepared
+  // statements) in one pipelined round trip, all within options.connect_timeout.
+  asio::awaitable<error_code> connect(const PoolOptions& options);
+
+  // Runs one command within `deadline`. On a client-side deadline or a broken protocol
+  // state the connection marks itself unusable; the pool then closes it.
+  asio::awaitable<result<Result>> run(const Command& command, Millis deadline);
+
+  // After a call: may this connection serve another one?
+  bool reusable() const noexcept;
+  // Before handing out an idle connection: did the server close it meanwhile? Cheap
+  // (one non-blocking poll), never waits.
+  bool idle_healthy() const noexcept;
+  // Releases the socket from Asio and frees libpq's connection. Idempotent.
+  void close() noexcept;
+
+  const std::string& error_message() const noexcept { return error_message_; }
+  int backend_pid() const noexcept;
+
+ private:
+  enum class Wait { read, write, read_or_write };
+
+  // Keyword/value arrays for PQconnectStartParams, owning their strings.
+  struct ConnectParams {
+    std::vector<std::string> keys;
+    std::vector<std::string> values;
+    void add(std::string key, std::string value) {
+      keys.push_back(std::move(key));
+      values.push_back(std::move(value));
+    }
+  };
+
+  asio::awaitable<error_code> resolve_hosts(const std::string& conninfo, ConnectParams& out);
+  asio::awaitable<error_code> start_and_setup(const PoolOptions& options);
+  asio::awaitable<error_code> poll_connect();
+  asio::awaitable<error_code> setup_session(const PoolOptions& options);
+  asio::awaitable<error_code> flush();
+  // The next PGresult of the current command (nullptr = the command is finished).
+  asio::awaitable<result<::pg_result*>> next_result();
+  asio::awaitable<result<Result>> collect_results();
+  asio::awaitable<error_code> wait(Wait what);
+
+  error_code attach_socket();
+  void arm_deadline(Millis d);
+  void disarm_deadline() noexcept;
+  error_code error_from_result(const Result& r);
+  error_code lost(std::string_view fallback_message);
+
+  ::pg_conn* conn_ = nullptr;
+  asio::posix::stream_descriptor socket_;
+  asio::ip::tcp::resolver resolver_;
+  asio::steady_timer deadline_;
+  // Identifies the armed deadline: a timer completion from an earlier call (already
+  // queued when that call finished) must not cancel a later call's waits.
+  std::uint64_t deadline_generation_ = 0;
+  bool timed_out_ = false;
+  // Set while a call is in flight; if a call ends any other way than by returning
+  // (exception, destroyed coroutine) it stays set and the connection is not reused.
+  bool in_call_ = false;
+  bool broken_ = false;
+  std::string error_message_;
+};
+
+}  // namespace idem::pg::detail

@@ -1,1 +1,0 @@
-// Placeholder so the component library has a source until its real files land; delete it then.

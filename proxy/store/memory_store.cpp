@@ -1,0 +1,234 @@
+#include "store/memory_store.hpp"
+
+#include <algorithm>
+
+namespace idem::store {
+
+// Mirrors one idempotency_requests row; optional fields are the nullable columns.
+struct MemoryStore::Row {
+  std::string fingerprint;
+  std::string principal;
+  State state = State::in_progress;
+  std::int64_t attempt = 0;
+  std::optional<Clock::time_point> lease_expires_at;
+  std::optional<StoredResponse> response;
+  Clock::time_point created_at;
+  std::optional<Clock::time_point> completed_at;
+  Clock::time_point expires_at;
+};
+
+namespace {
+
+using Clock = MemoryStore::Clock;
+
+std::int64_t epoch_us(Clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+// Built in place: result<bool> refuses an implicit error_code (itself convertible to bool).
+template <class T>
+result<T> unavailable() {
+  return result<T>(boost::system::in_place_error, make_error_code(errc::store_unavailable));
+}
+
+}  // namespace
+
+MemoryStore::MemoryStore(Now now) : now_(std::move(now)) {}
+
+void MemoryStore::set_unavailable(bool unavailable) {
+  std::lock_guard lock(mutex_);
+  unavailable_ = unavailable;
+}
+
+std::size_t MemoryStore::size() const {
+  std::lock_guard lock(mutex_);
+  return rows_.size();
+}
+
+// Each operation takes the mutex once and does its whole check-and-write under it: the
+// in-memory counterpart of PostgreSQL's single-statement atomicity. No lock is ever held
+// across a suspension point (the bodies never co_await).
+
+asio::awaitable<result<ClaimResult>> MemoryStore::claim(const ClaimRequest& req) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<ClaimResult>();
+  Key key{req.id.tenant, req.id.endpoint, req.id.key};
+  if (rows_.count(key) != 0) co_return ClaimResult{false, 0};
+  const auto now = now_();
+  auto row = std::make_shared<Row>();
+  row->fingerprint = req.fingerprint;
+  row->principal = req.principal;
+  row->state = State::in_progress;
+  row->attempt = 1;
+  row->lease_expires_at = now + req.lease;
+  row->created_at = now;
+  row->expires_at = now + std::max(req.retention, req.lease);
+  rows_.emplace(std::move(key), std::move(row));
+  co_return ClaimResult{true, 1};
+}
+
+asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId& id) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<Record>>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return std::optional<Record>{};
+  const Row& row = *it->second;
+  const auto now = now_();
+  Record rec;
+  rec.fingerprint = row.fingerprint;
+  rec.principal = row.principal;
+  rec.state = row.state;
+  rec.attempt = row.attempt;
+  const bool in_progress = row.state == State::in_progress;
+  rec.lease_expired = in_progress && row.lease_expires_at && *row.lease_expires_at <= now;
+  rec.expired = row.expires_at <= now;
+  if (in_progress && row.lease_expires_at && *row.lease_expires_at > now) {
+    // Rounded up like the SQL's ceil(): a live lease never reads as 0 ms remaining.
+    rec.lease_remaining = std::chrono::ceil<Millis>(*row.lease_expires_at - now);
+  }
+  if (row.state == State::completed) rec.response = row.response;
+  rec.created_at_us = epoch_us(row.created_at);
+  rec.completed_at_us = row.completed_at ? epoch_us(*row.completed_at) : 0;
+  rec.expires_at_us = epoch_us(row.expires_at);
+  rec.lease_expires_at_us = row.lease_expires_at ? epoch_us(*row.lease_expires_at) : 0;
+  co_return std::optional<Record>{std::move(rec)};
+}
+
+asio::awaitable<result<std::optional<std::int64_t>>> MemoryStore::take_over(
+    const RecordId& id, std::int64_t seen_attempt, Millis lease) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<std::int64_t>>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return std::optional<std::int64_t>{};
+  Row& row = *it->second;
+  const auto now = now_();
+  if (row.state != State::in_progress || row.attempt != seen_attempt ||
+      !row.lease_expires_at || *row.lease_expires_at > now) {
+    co_return std::optional<std::int64_t>{};
+  }
+  row.attempt += 1;
+  row.lease_expires_at = now + lease;
+  row.expires_at = std::max(row.expires_at, now + lease);
+  co_return std::optional<std::int64_t>{row.attempt};
+}
+
+asio::awaitable<result<std::optional<std::int64_t>>> MemoryStore::replace_expired(
+    const ClaimRequest& req, std::int64_t seen_attempt) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<std::int64_t>>();
+  auto it = rows_.find(Key{req.id.tenant, req.id.endpoint, req.id.key});
+  if (it == rows_.end()) co_return std::optional<std::int64_t>{};
+  Row& row = *it->second;
+  const auto now = now_();
+  const bool lease_free = row.state == State::completed ||
+                          (row.lease_expires_at && *row.lease_expires_at <= now);
+  if (row.attempt != seen_attempt || row.expires_at > now || !lease_free) {
+    co_return std::optional<std::int64_t>{};
+  }
+  Row fresh;
+  fresh.fingerprint = req.fingerprint;
+  fresh.principal = req.principal;
+  fresh.state = State::in_progress;
+  fresh.attempt = row.attempt + 1;
+  fresh.lease_expires_at = now + req.lease;
+  fresh.created_at = now;
+  fresh.expires_at = now + std::max(req.retention, req.lease);
+  row = std::move(fresh);
+  co_return std::optional<std::int64_t>{row.attempt};
+}
+
+asio::awaitable<result<bool>> MemoryStore::complete(const RecordId& id, std::int64_t attempt,
+                                                    const StoredResponse& response,
+                                                    Millis retention) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return false;
+  Row& row = *it->second;
+  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
+  const auto now = now_();
+  row.state = State::completed;
+  row.response = response;
+  if (response.body_omitted) row.response->body.clear();  // as PostgreSQL stores NULL
+  row.completed_at = now;
+  row.expires_at = now + retention;
+  row.lease_expires_at.reset();
+  co_return true;
+}
+
+asio::awaitable<result<bool>> MemoryStore::release(const RecordId& id, std::int64_t attempt) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return false;
+  const Row& row = *it->second;
+  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
+  rows_.erase(it);
+  co_return true;
+}
+
+asio::awaitable<result<bool>> MemoryStore::renew(const RecordId& id, std::int64_t attempt,
+                                                 Millis lease) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return false;
+  Row& row = *it->second;
+  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
+  const auto now = now_();
+  row.lease_expires_at = now + lease;
+  row.expires_at = std::max(row.expires_at, now + lease);
+  co_return true;
+}
+
+asio::awaitable<result<bool>> MemoryStore::expire_lease(const RecordId& id,
+                                                        std::int64_t attempt) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return false;
+  Row& row = *it->second;
+  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
+  row.lease_expires_at = now_();
+  co_return true;
+}
+
+asio::awaitable<result<bool>> MemoryStore::purge(const RecordId& id) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  co_return rows_.erase(Key{id.tenant, id.endpoint, id.key}) == 1;
+}
+
+asio::awaitable<result<std::size_t>> MemoryStore::delete_expired(std::size_t batch) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::size_t>();
+  const auto now = now_();
+  std::size_t deleted = 0;
+  for (auto it = rows_.begin(); it != rows_.end() && deleted < batch;) {
+    const Row& row = *it->second;
+    const bool lease_free = row.state == State::completed ||
+                            (row.lease_expires_at && *row.lease_expires_at <= now);
+    if (row.expires_at <= now && lease_free) {
+      it = rows_.erase(it);
+      ++deleted;
+    } else {
+      ++it;
+    }
+  }
+  co_return deleted;
+}
+
+asio::awaitable<result<std::optional<Millis>>> MemoryStore::oldest_in_progress_age() {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<Millis>>();
+  std::optional<Clock::time_point> oldest;
+  for (const auto& [key, row] : rows_) {
+    if (row->state == State::in_progress && (!oldest || row->created_at < *oldest)) {
+      oldest = row->created_at;
+    }
+  }
+  if (!oldest) co_return std::optional<Millis>{};
+  co_return std::optional<Millis>{std::chrono::ceil<Millis>(now_() - *oldest)};
+}
+
+}  // namespace idem::store

@@ -1,0 +1,210 @@
+#include "store/migrations.hpp"
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <stdexcept>
+
+#include <libpq-fe.h>
+#include <openssl/evp.h>
+
+namespace idem::store {
+
+const char* const kSchemaQuery =
+    "SELECT version, checksum FROM idemproxy_schema_migrations ORDER BY version";
+
+namespace {
+
+// Session advisory lock key shared by every migrator: "idemprox" in ASCII.
+constexpr const char* kLockKey = "7594306392365887352";
+static_assert(0x6964656d70726f78LL == 7594306392365887352LL);
+
+constexpr const char* kCreateTableSql = R"sql(
+CREATE TABLE IF NOT EXISTS idemproxy_schema_migrations (
+  version    integer     PRIMARY KEY,
+  name       text        NOT NULL,
+  checksum   text        NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now()
+))sql";
+
+struct ConnCloser {
+  void operator()(PGconn* c) const { PQfinish(c); }
+};
+struct ResultClearer {
+  void operator()(PGresult* r) const { PQclear(r); }
+};
+using ConnPtr = std::unique_ptr<PGconn, ConnCloser>;
+using ResultPtr = std::unique_ptr<PGresult, ResultClearer>;
+
+void discard_notice(void*, const char*) {}
+
+std::string trimmed_message(const char* msg) {
+  std::string s = msg ? msg : "";
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
+  // libpq's connect_timeout is whole seconds (and at least 2 in effect); round up so a
+  // sub-second setting still bounds the wait. Later keywords override the expanded
+  // conninfo, so this one wins over a connect_timeout inside the URL.
+  const auto seconds = std::max<long long>(1, (connect_timeout.count() + 999) / 1000);
+  const std::string timeout = std::to_string(seconds);
+  const char* const keys[] = {"dbname", "connect_timeout", "fallback_application_name",
+                              nullptr};
+  const char* const values[] = {conninfo.c_str(), timeout.c_str(), "idemproxy-migrate",
+                                nullptr};
+  ConnPtr conn(PQconnectdbParams(keys, values, 1));
+  if (!conn) throw std::runtime_error("cannot connect to PostgreSQL: out of memory");
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    throw std::runtime_error("cannot connect to PostgreSQL: " +
+                             trimmed_message(PQerrorMessage(conn.get())));
+  }
+  // CREATE TABLE IF NOT EXISTS and friends raise NOTICEs that would go to stderr.
+  PQsetNoticeProcessor(conn.get(), &discard_notice, nullptr);
+  return conn;
+}
+
+ResultPtr exec(PGconn* conn, const char* sql, const std::vector<std::string>& params = {},
+               const std::string& what = {}) {
+  std::vector<const char*> values;
+  values.reserve(params.size());
+  for (const auto& p : params) values.push_back(p.c_str());
+  // Without parameters, PQexec's simple protocol allows a migration file to hold many
+  // statements; with parameters it must be one statement anyway.
+  ResultPtr r(params.empty() ? PQexec(conn, sql)
+                             : PQexecParams(conn, sql, static_cast<int>(values.size()),
+                                            nullptr, values.data(), nullptr, nullptr, 0));
+  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+    const std::string msg =
+        trimmed_message(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn));
+    throw std::runtime_error((what.empty() ? std::string("schema query failed")
+                                           : what) + ": " + msg);
+  }
+  return r;
+}
+
+std::vector<std::pair<int, std::string>> read_applied(PGconn* conn) {
+  auto r = exec(conn, kSchemaQuery, {}, "cannot read idemproxy_schema_migrations");
+  std::vector<std::pair<int, std::string>> applied;
+  for (int i = 0; i < PQntuples(r.get()); ++i) {
+    applied.emplace_back(std::stoi(PQgetvalue(r.get(), i, 0)), PQgetvalue(r.get(), i, 1));
+  }
+  return applied;
+}
+
+std::string label(const EmbeddedMigration& m) {
+  std::string v = std::to_string(m.version);
+  if (v.size() < 4) v.insert(0, 4 - v.size(), '0');
+  return v + "_" + std::string(m.name);
+}
+
+}  // namespace
+
+std::string migration_checksum(const EmbeddedMigration& m) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  if (EVP_Digest(m.sql.data(), m.sql.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
+    throw std::runtime_error("SHA-256 failed");
+  }
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(length * 2);
+  for (unsigned int i = 0; i < length; ++i) {
+    out.push_back(kHex[digest[i] >> 4]);
+    out.push_back(kHex[digest[i] & 0x0f]);
+  }
+  return out;
+}
+
+SchemaCheck compare_schema(const std::vector<std::pair<int, std::string>>& applied) {
+  std::map<int, const EmbeddedMigration*> known;
+  for (const auto& m : embedded_migrations()) known.emplace(m.version, &m);
+
+  SchemaCheck check;
+  std::map<int, bool> seen;
+  for (const auto& [version, checksum] : applied) {
+    check.database_version = std::max(check.database_version, version);
+    auto it = known.find(version);
+    if (it == known.end()) {
+      check.status = SchemaStatus::mismatch;
+      check.detail = "the database has migration " + std::to_string(version) +
+                     ", which this binary does not know (is a newer idemproxy deployed?)";
+      return check;
+    }
+    if (migration_checksum(*it->second) != checksum) {
+      check.status = SchemaStatus::mismatch;
+      check.detail = "migration " + label(*it->second) +
+                     " was changed after it was applied (checksum differs)";
+      return check;
+    }
+    seen[version] = true;
+  }
+  std::string pending;
+  for (const auto& [version, m] : known) {
+    if (!seen.count(version)) pending += (pending.empty() ? "" : ", ") + label(*m);
+  }
+  if (pending.empty()) {
+    check.status = SchemaStatus::current;
+  } else {
+    check.status = SchemaStatus::behind;
+    check.detail = "pending migrations: " + pending;
+  }
+  return check;
+}
+
+MigrationReport apply_migrations(const std::string& conninfo, Millis connect_timeout) {
+  ConnPtr conn = connect_blocking(conninfo, connect_timeout);
+  PGconn* c = conn.get();
+
+  // Held for the whole run, so a second migrator waits here and then finds nothing to
+  // do. It is a session lock: if anything below throws, closing the connection frees it.
+  // Taken before CREATE TABLE IF NOT EXISTS, which is not safe to race by itself (two
+  // sessions can both decide to create and one fails on the catalog's unique index).
+  exec(c, "SELECT pg_advisory_lock($1::bigint)", {kLockKey}, "cannot take the migration lock");
+  exec(c, kCreateTableSql, {}, "cannot create idemproxy_schema_migrations");
+
+  const auto applied = read_applied(c);
+  const SchemaCheck before = compare_schema(applied);
+  if (before.status == SchemaStatus::mismatch) {
+    throw std::runtime_error("refusing to migrate: " + before.detail);
+  }
+
+  MigrationReport report;
+  report.current_version = before.database_version;
+  for (const auto& m : embedded_migrations()) {
+    const bool done = std::any_of(applied.begin(), applied.end(),
+                                  [&](const auto& a) { return a.first == m.version; });
+    if (done) continue;
+    // One transaction per migration: a failure leaves the schema at the previous
+    // version, never half-applied, and the record commits with the change it describes.
+    const std::string what = "migration " + label(m) + " failed";
+    exec(c, "BEGIN", {}, what);
+    try {
+      exec(c, std::string(m.sql).c_str(), {}, what);
+      exec(c,
+           "INSERT INTO idemproxy_schema_migrations (version, name, checksum) "
+           "VALUES ($1::integer, $2, $3)",
+           {std::to_string(m.version), std::string(m.name), migration_checksum(m)}, what);
+      exec(c, "COMMIT", {}, what);
+    } catch (...) {
+      PQclear(PQexec(c, "ROLLBACK"));
+      throw;
+    }
+    report.applied.push_back(m.version);
+    report.current_version = std::max(report.current_version, m.version);
+  }
+  exec(c, "SELECT pg_advisory_unlock($1::bigint)", {kLockKey}, "cannot release the migration lock");
+  return report;
+}
+
+SchemaCheck check_schema(const std::string& conninfo, Millis connect_timeout) {
+  ConnPtr conn = connect_blocking(conninfo, connect_timeout);
+  auto exists = exec(conn.get(), "SELECT to_regclass('idemproxy_schema_migrations') IS NOT NULL",
+                     {}, "cannot inspect the schema");
+  if (std::string_view(PQgetvalue(exists.get(), 0, 0)) != "t") return compare_schema({});
+  return compare_schema(read_applied(conn.get()));
+}
+
+}  // namespace idem::store

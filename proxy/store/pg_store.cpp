@@ -1,0 +1,420 @@
+#include "store/pg_store.hpp"
+
+#include <initializer_list>
+#include <string>
+#include <utility>
+
+#include "store/header_codec.hpp"
+
+namespace idem::store {
+namespace {
+
+// Every statement takes the full primary key as $1..$3 (tenant, endpoint, key): nothing is
+// ever addressed by the key alone. Every time decision uses now(), the database clock,
+// so replicas with skewed clocks agree. Durations arrive as milliseconds (bigint) and are
+// scaled by an interval, which keeps the parameter an integer rather than a string the
+// server would have to parse as an interval.
+//
+// Invariant kept by claim, take_over, renew and replace_expired: while a lease is live the
+// row is not past expires_at, so retention never deletes work that still runs (the
+// cleanup predicate also checks the lease, as a second line).
+
+constexpr const char* kClaim = "idem_claim";
+constexpr const char* kRead = "idem_read";
+constexpr const char* kTakeOver = "idem_take_over";
+constexpr const char* kReplaceExpired = "idem_replace_expired";
+constexpr const char* kComplete = "idem_complete";
+constexpr const char* kRelease = "idem_release";
+constexpr const char* kRenew = "idem_renew";
+constexpr const char* kExpireLease = "idem_expire_lease";
+constexpr const char* kPurge = "idem_purge";
+constexpr const char* kDeleteExpired = "idem_delete_expired";
+constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
+
+// The claim is the whole race: the primary key decides, the loser gets no row back and
+// reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
+constexpr const char* kClaimSql = R"sql(
+INSERT INTO idempotency_requests
+  (tenant_id, endpoint, idempotency_key, request_fingerprint, principal, state,
+   attempt_token, lease_expires_at, created_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, 'in_progress', 1,
+        now() + $6::bigint * interval '1 millisecond', now(),
+        GREATEST(now() + $7::bigint * interval '1 millisecond',
+                 now() + $6::bigint * interval '1 millisecond'))
+ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
+RETURNING attempt_token)sql";
+
+// Column order is part of the contract with decode_record() below.
+constexpr const char* kReadSql = R"sql(
+SELECT request_fingerprint,
+       principal,
+       state,
+       attempt_token,
+       (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,
+       (expires_at <= now()) AS expired,
+       CASE WHEN state = 'in_progress' AND lease_expires_at > now()
+            THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint
+            ELSE 0 END AS lease_remaining_ms,
+       response_status,
+       response_headers::text,
+       response_body,
+       response_body_omitted,
+       resource_id,
+       (extract(epoch FROM created_at) * 1000000)::bigint,
+       (extract(epoch FROM completed_at) * 1000000)::bigint,
+       (extract(epoch FROM expires_at) * 1000000)::bigint,
+       (extract(epoch FROM lease_expires_at) * 1000000)::bigint
+FROM idempotency_requests
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
+
+// Compare-and-swap on the token the caller saw: of several duplicates that all saw the
+// same expired lease, the row lock lets exactly one UPDATE match; the others re-check
+// the WHERE clause against the new row version and match nothing.
+constexpr const char* kTakeOverSql = R"sql(
+UPDATE idempotency_requests
+SET attempt_token = attempt_token + 1,
+    lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+    expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND state = 'in_progress'
+  AND attempt_token = $4::bigint
+  AND lease_expires_at <= now()
+RETURNING attempt_token)sql";
+
+// Every column is reset: nothing of the expired operation may leak into the new one,
+// except the token, which keeps counting up so a straggler of the old operation stays
+// fenced.
+constexpr const char* kReplaceExpiredSql = R"sql(
+UPDATE idempotency_requests
+SET request_fingerprint = $4,
+    principal = $5,
+    state = 'in_progress',
+    attempt_token = attempt_token + 1,
+    lease_expires_at = now() + $6::bigint * interval '1 millisecond',
+    response_status = NULL,
+    response_headers = NULL,
+    response_body = NULL,
+    response_body_omitted = false,
+    resource_id = NULL,
+    created_at = now(),
+    completed_at = NULL,
+    expires_at = GREATEST(now() + $7::bigint * interval '1 millisecond',
+                          now() + $6::bigint * interval '1 millisecond')
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND attempt_token = $8::bigint
+  AND expires_at <= now()
+  AND (state = 'completed' OR lease_expires_at <= now())
+RETURNING attempt_token)sql";
+
+// The body is a binary parameter: no escaping, NUL bytes and all.
+constexpr const char* kCompleteSql = R"sql(
+UPDATE idempotency_requests
+SET state = 'completed',
+    response_status = $5::integer,
+    response_headers = $6::jsonb,
+    response_body = $7::bytea,
+    response_body_omitted = $8::boolean,
+    resource_id = NULLIF($9, ''),
+    completed_at = now(),
+    expires_at = now() + $10::bigint * interval '1 millisecond',
+    lease_expires_at = NULL
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND attempt_token = $4::bigint
+  AND state = 'in_progress')sql";
+
+constexpr const char* kReleaseSql = R"sql(
+DELETE FROM idempotency_requests
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND attempt_token = $4::bigint
+  AND state = 'in_progress')sql";
+
+constexpr const char* kRenewSql = R"sql(
+UPDATE idempotency_requests
+SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
+    expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 millisecond')
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND attempt_token = $4::bigint
+  AND state = 'in_progress')sql";
+
+constexpr const char* kExpireLeaseSql = R"sql(
+UPDATE idempotency_requests
+SET lease_expires_at = now()
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND attempt_token = $4::bigint
+  AND state = 'in_progress')sql";
+
+constexpr const char* kPurgeSql = R"sql(
+DELETE FROM idempotency_requests
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
+
+// Batched, lock-skipping retention that every replica may run at once. The ctids are
+// collected into an array first: "ctid = ANY(ARRAY(...))" runs the sub-select once as an
+// InitPlan and always deletes by TID scan, whereas "ctid IN (SELECT ...)" leaves the join
+// strategy to the planner (a hash join would scan the whole table). The sub-select walks
+// the expires_at index. The outer predicate is re-checked because it costs nothing and
+// keeps the DELETE correct on its own.
+constexpr const char* kDeleteExpiredSql = R"sql(
+DELETE FROM idempotency_requests
+WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM idempotency_requests
+        WHERE expires_at <= now()
+          AND (state = 'completed' OR lease_expires_at <= now())
+        LIMIT $1::bigint
+        FOR UPDATE SKIP LOCKED))
+  AND expires_at <= now()
+  AND (state = 'completed' OR lease_expires_at <= now()))sql";
+
+// Matches the partial index on (created_at) WHERE state = 'in_progress'.
+constexpr const char* kOldestInProgressSql = R"sql(
+SELECT ceil(extract(epoch FROM now() - min(created_at)) * 1000)::bigint
+FROM idempotency_requests
+WHERE state = 'in_progress')sql";
+
+// The store-level error for a failed pg call. Built in place: result<bool> refuses an
+// implicit error_code, which is itself convertible to bool.
+template <class T>
+result<T> failed(const error_code& pg_error) {
+  return result<T>(boost::system::in_place_error, make_error_code(pg::to_store_errc(pg_error)));
+}
+
+error_code bad_row() { return make_error_code(errc::store_protocol); }
+
+std::string millis(Millis d) { return std::to_string(d.count()); }
+
+// Column indexes of kReadSql.
+enum ReadColumn {
+  kColFingerprint,
+  kColPrincipal,
+  kColState,
+  kColAttempt,
+  kColLeaseExpired,
+  kColExpired,
+  kColLeaseRemaining,
+  kColStatus,
+  kColHeaders,
+  kColBody,
+  kColBodyOmitted,
+  kColResourceId,
+  kColCreatedAt,
+  kColCompletedAt,
+  kColExpiresAt,
+  kColLeaseExpiresAt,
+  kReadColumns
+};
+
+result<Record> decode_record(const pg::Result& r) {
+  if (r.columns() != kReadColumns) return bad_row();
+  Record rec;
+  rec.fingerprint = std::string(r.value(0, kColFingerprint));
+  rec.principal = std::string(r.value(0, kColPrincipal));
+  const std::string_view state = r.value(0, kColState);
+  if (state == "in_progress") {
+    rec.state = State::in_progress;
+  } else if (state == "completed") {
+    rec.state = State::completed;
+  } else {
+    return bad_row();
+  }
+  const auto attempt = r.int64(0, kColAttempt);
+  const auto lease_expired = r.boolean(0, kColLeaseExpired);
+  const auto expired = r.boolean(0, kColExpired);
+  const auto lease_remaining = r.int64(0, kColLeaseRemaining);
+  const auto created = r.int64(0, kColCreatedAt);
+  const auto expires = r.int64(0, kColExpiresAt);
+  if (!attempt || !expired || !lease_remaining || !created || !expires) return bad_row();
+  rec.attempt = *attempt;
+  rec.lease_expired = lease_expired.value_or(false);  // NULL for completed rows
+  rec.expired = *expired;
+  rec.lease_remaining = Millis{*lease_remaining};
+  rec.created_at_us = *created;
+  rec.expires_at_us = *expires;
+  rec.completed_at_us = r.int64(0, kColCompletedAt).value_or(0);
+  rec.lease_expires_at_us = r.int64(0, kColLeaseExpiresAt).value_or(0);
+
+  if (rec.state == State::completed) {
+    StoredResponse resp;
+    const auto status = r.int64(0, kColStatus);
+    const auto omitted = r.boolean(0, kColBodyOmitted);
+    if (!status || !omitted) return bad_row();
+    resp.status = static_cast<int>(*status);
+    resp.body_omitted = *omitted;
+    if (!r.is_null(0, kColHeaders)) {
+      auto headers = detail::decode_headers_json(r.value(0, kColHeaders));
+      if (!headers) return bad_row();
+      resp.headers = std::move(*headers);
+    }
+    if (!r.is_null(0, kColBody)) {
+      auto body = r.bytea(0, kColBody);
+      if (!body) return bad_row();
+      resp.body = std::move(*body);
+    }
+    resp.resource_id = std::string(r.value(0, kColResourceId));
+    rec.response = std::move(resp);
+  }
+  return rec;
+}
+
+// RETURNING attempt_token: one row = the write happened.
+result<std::optional<std::int64_t>> returned_attempt(const pg::Result& r) {
+  if (r.rows() == 0) return std::optional<std::int64_t>{};
+  const auto attempt = r.int64(0, 0);
+  if (!attempt) return bad_row();
+  return std::optional<std::int64_t>{*attempt};
+}
+
+}  // namespace
+
+const std::vector<pg::PreparedStatement>& pg_store_statements() {
+  static const std::vector<pg::PreparedStatement> statements = {
+      {kClaim, kClaimSql},
+      {kRead, kReadSql},
+      {kTakeOver, kTakeOverSql},
+      {kReplaceExpired, kReplaceExpiredSql},
+      {kComplete, kCompleteSql},
+      {kRelease, kReleaseSql},
+      {kRenew, kRenewSql},
+      {kExpireLease, kExpireLeaseSql},
+      {kPurge, kPurgeSql},
+      {kDeleteExpired, kDeleteExpiredSql},
+      {kOldestInProgress, kOldestInProgressSql},
+  };
+  return statements;
+}
+
+PgStore::PgStore(std::shared_ptr<pg::Pool> pool) : pool_(std::move(pool)) {}
+
+namespace {
+
+// The statements take the key as $1..$3; `extra` follows from $4. Parameters view their
+// strings, which live in the calling coroutine's frame until the call completes.
+std::vector<pg::Param> key_params(const RecordId& id, std::initializer_list<pg::Param> extra) {
+  std::vector<pg::Param> params{pg::Param::text(id.tenant), pg::Param::text(id.endpoint),
+                                pg::Param::text(id.key)};
+  params.insert(params.end(), extra.begin(), extra.end());
+  return params;
+}
+
+}  // namespace
+
+// Note: parameter vectors are built in named variables before co_await; GCC 12 rejects
+// an initializer_list temporary inside a co_await expression.
+
+asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
+  const std::string lease = millis(req.lease);
+  const std::string retention = millis(req.retention);
+  auto params = key_params(req.id, {pg::Param::text(req.fingerprint),
+                                    pg::Param::text(req.principal), pg::Param::text(lease),
+                                    pg::Param::text(retention)});
+  auto r = co_await pool_->execute(kClaim, std::move(params));
+  if (!r) co_return failed<ClaimResult>(r.error());
+  auto attempt = returned_attempt(*r);
+  if (!attempt) co_return attempt.error();
+  if (!*attempt) co_return ClaimResult{false, 0};
+  co_return ClaimResult{true, **attempt};
+}
+
+asio::awaitable<result<std::optional<Record>>> PgStore::read(const RecordId& id) {
+  auto params = key_params(id, {});
+  auto r = co_await pool_->execute(kRead, std::move(params));
+  if (!r) co_return failed<std::optional<Record>>(r.error());
+  if (r->rows() == 0) co_return std::optional<Record>{};
+  auto rec = decode_record(*r);
+  if (!rec) co_return rec.error();
+  co_return std::optional<Record>{std::move(*rec)};
+}
+
+asio::awaitable<result<std::optional<std::int64_t>>> PgStore::take_over(
+    const RecordId& id, std::int64_t seen_attempt, Millis lease) {
+  const std::string seen = std::to_string(seen_attempt);
+  const std::string lease_ms = millis(lease);
+  auto params = key_params(id, {pg::Param::text(seen), pg::Param::text(lease_ms)});
+  auto r = co_await pool_->execute(kTakeOver, std::move(params));
+  if (!r) co_return failed<std::optional<std::int64_t>>(r.error());
+  co_return returned_attempt(*r);
+}
+
+asio::awaitable<result<std::optional<std::int64_t>>> PgStore::replace_expired(
+    const ClaimRequest& req, std::int64_t seen_attempt) {
+  const std::string lease = millis(req.lease);
+  const std::string retention = millis(req.retention);
+  const std::string seen = std::to_string(seen_attempt);
+  auto params = key_params(req.id, {pg::Param::text(req.fingerprint),
+                                    pg::Param::text(req.principal), pg::Param::text(lease),
+                                    pg::Param::text(retention), pg::Param::text(seen)});
+  auto r = co_await pool_->execute(kReplaceExpired, std::move(params));
+  if (!r) co_return failed<std::optional<std::int64_t>>(r.error());
+  co_return returned_attempt(*r);
+}
+
+asio::awaitable<result<bool>> PgStore::complete(const RecordId& id, std::int64_t attempt,
+                                                const StoredResponse& response,
+                                                Millis retention) {
+  const std::string token = std::to_string(attempt);
+  const std::string status = std::to_string(response.status);
+  const std::string headers = detail::encode_headers_json(response.headers);
+  const std::string retention_ms = millis(retention);
+  // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
+  const pg::Param body =
+      response.body_omitted ? pg::Param::null_value() : pg::Param::bytes(response.body);
+  auto params = key_params(
+      id, {pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
+           pg::Param::text(response.body_omitted ? "true" : "false"),
+           pg::Param::text(response.resource_id), pg::Param::text(retention_ms)});
+  auto r = co_await pool_->execute(kComplete, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t attempt) {
+  const std::string token = std::to_string(attempt);
+  auto params = key_params(id, {pg::Param::text(token)});
+  auto r = co_await pool_->execute(kRelease, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t attempt,
+                                             Millis lease) {
+  const std::string token = std::to_string(attempt);
+  const std::string lease_ms = millis(lease);
+  auto params = key_params(id, {pg::Param::text(token), pg::Param::text(lease_ms)});
+  auto r = co_await pool_->execute(kRenew, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t attempt) {
+  const std::string token = std::to_string(attempt);
+  auto params = key_params(id, {pg::Param::text(token)});
+  auto r = co_await pool_->execute(kExpireLease, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<bool>> PgStore::purge(const RecordId& id) {
+  auto params = key_params(id, {});
+  auto r = co_await pool_->execute(kPurge, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<std::size_t>> PgStore::delete_expired(std::size_t batch) {
+  if (batch == 0) co_return std::size_t{0};
+  const std::string limit = std::to_string(batch);
+  std::vector<pg::Param> params{pg::Param::text(limit)};
+  auto r = co_await pool_->execute(kDeleteExpired, std::move(params));
+  if (!r) co_return failed<std::size_t>(r.error());
+  co_return static_cast<std::size_t>(r->affected_rows());
+}
+
+asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age() {
+  auto r = co_await pool_->execute(kOldestInProgress, std::vector<pg::Param>{});
+  if (!r) co_return failed<std::optional<Millis>>(r.error());
+  if (r->rows() != 1) co_return bad_row();
+  if (r->is_null(0, 0)) co_return std::optional<Millis>{};
+  const auto ms = r->int64(0, 0);
+  if (!ms) co_return bad_row();
+  co_return std::optional<Millis>{Millis{*ms}};
+}
+
+}  // namespace idem::store

@@ -1,0 +1,557 @@
+// One conformance suite for the Store interface, run against MemoryStore (fake clock) and
+// PgStore (real PostgreSQL). Every case states the semantics of store.hpp; an
+// implementation passes only if it behaves identically. Time moves only by advance().
+#include <doctest/doctest.h>
+
+#include <future>
+#include <type_traits>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "store/harness.hpp"
+
+using namespace idem;
+using namespace std::chrono_literals;
+using store::ClaimRequest;
+using store::RecordId;
+using store::State;
+using store::StoredResponse;
+
+namespace {
+
+RecordId rid(std::string key = "key-1", std::string tenant = "tenant-a",
+             std::string endpoint = "POST /orders") {
+  return {std::move(tenant), std::move(endpoint), std::move(key)};
+}
+
+ClaimRequest claim_req(RecordId id, std::string fingerprint = "fp-1", Millis lease = 30s,
+                       Millis retention = 1h, std::string principal = "") {
+  ClaimRequest r;
+  r.id = std::move(id);
+  r.fingerprint = std::move(fingerprint);
+  r.principal = std::move(principal);
+  r.lease = lease;
+  r.retention = retention;
+  return r;
+}
+
+std::string all_bytes() {
+  std::string b;
+  for (int i = 0; i < 256; ++i) b.push_back(static_cast<char>(i));
+  b += std::string("\0\0end\0", 6);
+  return b;
+}
+
+StoredResponse sample_response() {
+  StoredResponse r;
+  r.status = 201;
+  r.headers = {
+      {"Content-Type", "application/json"},
+      {"Set-Cookie", "a=1"},
+      {"Location", "/orders/42"},
+      {"Set-Cookie", "b=2"},                       // a repeat, after another header
+      {"X-Unicode", "caf\xc3\xa9 \xe2\x9c\x93"},   // valid UTF-8
+      {"X-Obs-Text", "caf\xe9"},                   // Latin-1 byte: not UTF-8
+      {"X-Escapes", "q=\"x\" \\ tab\there"},
+  };
+  r.body = all_bytes();
+  r.resource_id = "42";
+  return r;
+}
+
+constexpr std::int64_t us(Millis d) { return d.count() * 1000; }
+
+template <class H>
+constexpr bool is_pg = std::is_same_v<H, test::PgHarness>;
+
+// Runs n store calls at once on the harness's io_context and returns their results.
+template <class H, class MakeCall>
+auto run_concurrently(H& h, int n, MakeCall make_call) {
+  using Awaitable = decltype(make_call(0));
+  using T = typename Awaitable::value_type;
+  std::vector<std::future<T>> futures;
+  for (int i = 0; i < n; ++i) {
+    futures.push_back(asio::co_spawn(h.ctx(), make_call(i), asio::use_future));
+  }
+  h.ctx().restart();
+  h.ctx().run();
+  std::vector<T> out;
+  for (auto& f : futures) out.push_back(f.get());
+  return out;
+}
+
+}  // namespace
+
+#define STORES test::MemoryHarness, test::PgHarness
+
+TEST_CASE_TEMPLATE("claim: the first wins with attempt 1, later claims lose", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  auto first = h.run(s.claim(req));
+  REQUIRE(first.has_value());
+  CHECK(first->won);
+  CHECK(first->attempt == 1);
+  const std::string before = h.snapshot(req.id);
+
+  auto other = claim_req(rid(), "fp-other", 99s, 2h, "someone");
+  auto second = h.run(s.claim(other));
+  REQUIRE(second.has_value());
+  CHECK_FALSE(second->won);
+  CHECK(h.snapshot(req.id) == before);  // the loser changed nothing
+  CHECK(h.row_count() == 1);
+}
+
+TEST_CASE_TEMPLATE("read: a claimed row as the loser sees it", H, STORES) {
+  H h;
+  auto& s = h.store();
+  auto none = h.run(s.read(rid()));
+  REQUIRE(none.has_value());
+  CHECK_FALSE(none->has_value());
+
+  const auto req = claim_req(rid(), "fp-1", 30s, 1h, "principal-hash");
+  REQUIRE(h.run(s.claim(req)).has_value());
+  auto r = h.run(s.read(req.id));
+  REQUIRE(r.has_value());
+  REQUIRE(r->has_value());
+  const store::Record& rec = **r;
+  CHECK(rec.fingerprint == "fp-1");
+  CHECK(rec.principal == "principal-hash");
+  CHECK(rec.state == State::in_progress);
+  CHECK(rec.attempt == 1);
+  CHECK_FALSE(rec.lease_expired);
+  CHECK_FALSE(rec.expired);
+  CHECK(rec.lease_remaining > 29s);
+  CHECK(rec.lease_remaining <= 30s);
+  CHECK_FALSE(rec.response.has_value());
+  CHECK(rec.created_at_us > 0);
+  CHECK(rec.completed_at_us == 0);
+  CHECK(rec.lease_expires_at_us - rec.created_at_us == us(30s));
+  CHECK(rec.expires_at_us - rec.created_at_us == us(1h));
+}
+
+TEST_CASE_TEMPLATE("complete then read: the stored response round-trips exactly", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  REQUIRE(h.run(s.claim(req)).has_value());
+  const StoredResponse resp = sample_response();
+  auto done = h.run(s.complete(req.id, 1, resp, 2h));
+  REQUIRE(done.has_value());
+  CHECK(*done);
+
+  auto r = h.run(s.read(req.id));
+  REQUIRE(r.has_value());
+  REQUIRE(r->has_value());
+  const store::Record& rec = **r;
+  CHECK(rec.state == State::completed);
+  CHECK(rec.attempt == 1);
+  CHECK_FALSE(rec.lease_expired);
+  CHECK_FALSE(rec.expired);
+  CHECK(rec.lease_remaining == 0ms);
+  CHECK(rec.lease_expires_at_us == 0);
+  CHECK(rec.completed_at_us >= rec.created_at_us);
+  CHECK(rec.expires_at_us - rec.completed_at_us == us(2h));
+  REQUIRE(rec.response.has_value());
+  const StoredResponse& got = *rec.response;
+  CHECK(got.status == 201);
+  CHECK(got.body == resp.body);  // all 256 byte values and NULs
+  CHECK(got.body.size() == 262);
+  CHECK_FALSE(got.body_omitted);
+  CHECK(got.resource_id == "42");
+  REQUIRE(got.headers.size() == resp.headers.size());
+  for (std::size_t i = 0; i < resp.headers.size(); ++i) {
+    CAPTURE(i);
+    CHECK(got.headers[i].name == resp.headers[i].name);    // order and repeats kept
+    CHECK(got.headers[i].value == resp.headers[i].value);  // bytes kept
+  }
+}
+
+TEST_CASE_TEMPLATE("complete: an omitted body, no headers and no resource id", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  REQUIRE(h.run(s.claim(req)).has_value());
+  StoredResponse resp;
+  resp.status = 200;
+  resp.body_omitted = true;
+  auto done = h.run(s.complete(req.id, 1, resp, 1h));
+  REQUIRE(done.has_value());
+  CHECK(*done);
+  auto r = h.run(s.read(req.id));
+  REQUIRE(r.has_value());
+  REQUIRE(r->has_value());
+  REQUIRE((*r)->response.has_value());
+  const auto& got = *(*r)->response;
+  CHECK(got.status == 200);
+  CHECK(got.body_omitted);
+  CHECK(got.body.empty());
+  CHECK(got.headers.empty());
+  CHECK(got.resource_id.empty());
+}
+
+TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  REQUIRE(h.run(s.claim(req)).has_value());
+  auto expired = h.run(s.expire_lease(req.id, 1));
+  REQUIRE(expired.has_value());
+  REQUIRE(*expired);
+  auto taken = h.run(s.take_over(req.id, 1, 30s));
+  REQUIRE(taken.has_value());
+  REQUIRE(*taken == std::optional<std::int64_t>(2));
+  const std::string owned_by_2 = h.snapshot(req.id);
+
+  // The first owner (attempt 1) comes back late: every write is fenced.
+  auto c = h.run(s.complete(req.id, 1, sample_response(), 1h));
+  auto rel = h.run(s.release(req.id, 1));
+  auto ren = h.run(s.renew(req.id, 1, 30s));
+  auto exp = h.run(s.expire_lease(req.id, 1));
+  auto tk = h.run(s.take_over(req.id, 1, 30s));
+  auto rep = h.run(s.replace_expired(claim_req(rid(), "fp-x"), 1));
+  REQUIRE(c.has_value());
+  REQUIRE(rel.has_value());
+  REQUIRE(ren.has_value());
+  REQUIRE(exp.has_value());
+  REQUIRE(tk.has_value());
+  REQUIRE(rep.has_value());
+  CHECK_FALSE(*c);
+  CHECK_FALSE(*rel);
+  CHECK_FALSE(*ren);
+  CHECK_FALSE(*exp);
+  CHECK_FALSE(tk->has_value());
+  CHECK_FALSE(rep->has_value());
+  CHECK(h.snapshot(req.id) == owned_by_2);  // every column unchanged
+
+  // Once completed, even the right token cannot write again.
+  auto c2 = h.run(s.complete(req.id, 2, sample_response(), 1h));
+  REQUIRE(c2.has_value());
+  REQUIRE(*c2);
+  const std::string completed = h.snapshot(req.id);
+  StoredResponse other;
+  other.status = 500;
+  CHECK_FALSE(h.run(s.complete(req.id, 2, other, 1h)).value());
+  CHECK_FALSE(h.run(s.release(req.id, 2)).value());
+  CHECK_FALSE(h.run(s.renew(req.id, 2, 30s)).value());
+  CHECK_FALSE(h.run(s.expire_lease(req.id, 2)).value());
+  CHECK_FALSE(h.run(s.take_over(req.id, 2, 30s)).value().has_value());
+  CHECK(h.snapshot(req.id) == completed);
+
+  // And on a row that does not exist, nothing happens either.
+  const auto ghost = rid("ghost");
+  CHECK_FALSE(h.run(s.complete(ghost, 1, other, 1h)).value());
+  CHECK_FALSE(h.run(s.release(ghost, 1)).value());
+  CHECK_FALSE(h.run(s.renew(ghost, 1, 30s)).value());
+  CHECK_FALSE(h.run(s.expire_lease(ghost, 1)).value());
+  CHECK_FALSE(h.run(s.take_over(ghost, 1, 30s)).value().has_value());
+  CHECK(h.row_count() == 1);
+}
+
+TEST_CASE_TEMPLATE("take_over: only an expired lease, only with the token seen", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 10s);
+  REQUIRE(h.run(s.claim(req)).has_value());
+
+  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());  // lease live
+  h.advance(9s);
+  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());  // still live
+  h.advance(2s);
+  auto rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->lease_expired);
+  CHECK(rec->lease_remaining == 0ms);
+  const auto created = rec->created_at_us;
+
+  CHECK_FALSE(h.run(s.take_over(req.id, 2, 20s)).value().has_value());  // wrong token
+  auto won = h.run(s.take_over(req.id, 1, 20s));
+  REQUIRE(won.has_value());
+  CHECK(*won == std::optional<std::int64_t>(2));
+  CHECK_FALSE(h.run(s.take_over(req.id, 1, 20s)).value().has_value());  // CAS already spent
+  CHECK_FALSE(h.run(s.take_over(req.id, 2, 20s)).value().has_value());  // new lease is live
+
+  rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->attempt == 2);
+  CHECK(rec->state == State::in_progress);
+  CHECK_FALSE(rec->lease_expired);
+  CHECK(rec->lease_remaining > 19s);
+  CHECK(rec->lease_remaining <= 20s);
+  CHECK(rec->fingerprint == "fp-1");
+  CHECK(rec->created_at_us == created);  // the operation is the same one
+}
+
+TEST_CASE_TEMPLATE("take_over: never on a completed row", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 1s);
+  REQUIRE(h.run(s.claim(req)).has_value());
+  REQUIRE(h.run(s.complete(req.id, 1, sample_response(), 1h)).value());
+  h.advance(10s);
+  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());
+}
+
+TEST_CASE_TEMPLATE("take_over: of many concurrent duplicates exactly one wins", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 1s);
+  REQUIRE(h.run(s.claim(req)).has_value());
+  h.advance(2s);
+  auto results = run_concurrently(h, 20, [&](int) { return s.take_over(req.id, 1, 30s); });
+  int winners = 0;
+  for (auto& r : results) {
+    REQUIRE(r.has_value());
+    if (r->has_value()) {
+      ++winners;
+      CHECK(**r == 2);
+    }
+  }
+  CHECK(winners == 1);
+  CHECK(h.run(s.read(req.id)).value()->attempt == 2);
+}
+
+TEST_CASE_TEMPLATE("expire_lease: the next duplicate can take over at once", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 1h);
+  REQUIRE(h.run(s.claim(req)).has_value());
+  REQUIRE(h.run(s.expire_lease(req.id, 1)).value());
+  auto rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->lease_expired);
+  CHECK(rec->lease_remaining == 0ms);
+  CHECK(rec->state == State::in_progress);
+  CHECK(h.run(s.take_over(req.id, 1, 30s)).value() == std::optional<std::int64_t>(2));
+}
+
+TEST_CASE_TEMPLATE("renew: extends the lease and keeps expires_at beyond it", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 10s, 1h);
+  REQUIRE(h.run(s.claim(req)).has_value());
+  h.advance(8s);
+  REQUIRE(h.run(s.renew(req.id, 1, 10s)).value());
+  auto rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->lease_remaining > 9s);
+  CHECK(rec->lease_remaining <= 10s);
+  h.advance(8s);  // 16 s after the claim: the original lease would have expired
+  rec = h.run(s.read(req.id)).value();
+  CHECK_FALSE(rec->lease_expired);
+  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());
+  h.advance(3s);
+  rec = h.run(s.read(req.id)).value();
+  CHECK(rec->lease_expired);
+
+  // A lease renewed past the retention pushes expires_at along: a row never expires
+  // under a live lease.
+  const auto short_req = claim_req(rid("short"), "fp-1", 1s, 2s);
+  REQUIRE(h.run(s.claim(short_req)).has_value());
+  REQUIRE(h.run(s.renew(short_req.id, 1, 60s)).value());
+  auto short_rec = h.run(s.read(short_req.id)).value();
+  REQUIRE(short_rec.has_value());
+  CHECK(short_rec->expires_at_us >= short_rec->lease_expires_at_us);
+  h.advance(30s);
+  CHECK_FALSE(h.run(s.read(short_req.id)).value()->expired);
+}
+
+TEST_CASE_TEMPLATE("release: deletes the claim so the key can be claimed again", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  REQUIRE(h.run(s.claim(req)).has_value());
+  CHECK(h.run(s.release(req.id, 1)).value());
+  CHECK_FALSE(h.run(s.read(req.id)).value().has_value());
+  CHECK(h.row_count() == 0);
+  CHECK_FALSE(h.run(s.release(req.id, 1)).value());
+  auto again = h.run(s.claim(req));
+  REQUIRE(again.has_value());
+  CHECK(again->won);
+  CHECK(again->attempt == 1);
+}
+
+TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token seen", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 30s, 60s, "p-1");
+  REQUIRE(h.run(s.claim(req)).has_value());
+  REQUIRE(h.run(s.complete(req.id, 1, sample_response(), 60s)).value());
+  const auto replacement = claim_req(rid(), "fp-2", 15s, 2h, "p-2");
+
+  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());  // not expired
+  h.advance(61s);
+  auto old = h.run(s.read(req.id)).value();
+  REQUIRE(old.has_value());
+  CHECK(old->expired);
+  CHECK(old->state == State::completed);
+
+  CHECK_FALSE(h.run(s.replace_expired(replacement, 2)).value().has_value());  // wrong token
+  auto replaced = h.run(s.replace_expired(replacement, 1));
+  REQUIRE(replaced.has_value());
+  CHECK(*replaced == std::optional<std::int64_t>(2));  // tokens never go backwards
+  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());
+
+  auto rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->state == State::in_progress);
+  CHECK(rec->attempt == 2);
+  CHECK(rec->fingerprint == "fp-2");
+  CHECK(rec->principal == "p-2");
+  CHECK_FALSE(rec->expired);
+  CHECK_FALSE(rec->lease_expired);
+  CHECK_FALSE(rec->response.has_value());
+  CHECK(rec->completed_at_us == 0);
+  CHECK(rec->created_at_us > old->created_at_us);
+  CHECK(rec->lease_expires_at_us - rec->created_at_us == us(15s));
+  CHECK(rec->expires_at_us - rec->created_at_us == us(2h));
+  if constexpr (is_pg<H>) {
+    // Nothing of the old answer survives in the row itself.
+    auto cols = h.sql().rows(
+        "SELECT response_status IS NULL, response_headers IS NULL, response_body IS NULL,"
+        " resource_id IS NULL, response_body_omitted, completed_at IS NULL"
+        " FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2"
+        " AND idempotency_key = $3",
+        {req.id.tenant, req.id.endpoint, req.id.key});
+    REQUIRE(cols.size() == 1);
+    CHECK(cols[0] == test::Row{"t", "t", "t", "t", "f", "t"});
+  }
+}
+
+TEST_CASE_TEMPLATE("replace_expired: an in_progress row needs its lease gone too", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 5s, 10s);
+  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto replacement = claim_req(rid(), "fp-2");
+  h.advance(3s);
+  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());
+  h.advance(10s);  // lease and retention both passed: an abandoned claim
+  CHECK(h.run(s.replace_expired(replacement, 1)).value() == std::optional<std::int64_t>(2));
+}
+
+TEST_CASE_TEMPLATE("purge: deletes in any state", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto done = claim_req(rid("done"));
+  const auto running = claim_req(rid("running"));
+  REQUIRE(h.run(s.claim(done)).has_value());
+  REQUIRE(h.run(s.claim(running)).has_value());
+  REQUIRE(h.run(s.complete(done.id, 1, sample_response(), 1h)).value());
+  CHECK(h.run(s.purge(done.id)).value());
+  CHECK(h.run(s.purge(running.id)).value());
+  CHECK_FALSE(h.run(s.purge(done.id)).value());
+  CHECK(h.row_count() == 0);
+}
+
+TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, STORES) {
+  H h;
+  auto& s = h.store();
+  // a: completed, retention 10 s                 -> expired after 20 s
+  // b: completed, retention 1 h                  -> live
+  // c: in_progress, lease 5 s, retention 10 s    -> abandoned: expired
+  // d: in_progress, lease 1 h, retention 10 s    -> the live lease keeps it
+  // e: in_progress, lease 30 s, retention 1 h    -> live
+  const auto a = claim_req(rid("a"), "fp", 1s, 10s);
+  const auto b = claim_req(rid("b"), "fp", 1s, 1h);
+  const auto c = claim_req(rid("c"), "fp", 5s, 10s);
+  const auto d = claim_req(rid("d"), "fp", 1h, 10s);
+  const auto e = claim_req(rid("e"), "fp", 30s, 1h);
+  for (const auto* r : {&a, &b, &c, &d, &e}) REQUIRE(h.run(s.claim(*r)).value().won);
+  REQUIRE(h.run(s.complete(a.id, 1, sample_response(), 10s)).value());
+  REQUIRE(h.run(s.complete(b.id, 1, sample_response(), 1h)).value());
+
+  CHECK(h.run(s.delete_expired(100)).value() == 0);  // nothing expired yet
+  h.advance(20s);
+  CHECK(h.run(s.delete_expired(1)).value() == 1);
+  CHECK(h.run(s.delete_expired(1)).value() == 1);
+  CHECK(h.run(s.delete_expired(1)).value() == 0);
+  CHECK(h.run(s.delete_expired(0)).value() == 0);
+  CHECK(h.row_count() == 3);
+  CHECK_FALSE(h.run(s.read(a.id)).value().has_value());
+  CHECK_FALSE(h.run(s.read(c.id)).value().has_value());
+  CHECK(h.run(s.read(b.id)).value().has_value());
+  CHECK(h.run(s.read(d.id)).value().has_value());
+  CHECK(h.run(s.read(e.id)).value().has_value());
+
+  for (int i = 0; i < 5; ++i) {
+    const auto f = claim_req(rid("f" + std::to_string(i)), "fp", 1s, 1s);
+    REQUIRE(h.run(s.claim(f)).value().won);
+    REQUIRE(h.run(s.complete(f.id, 1, sample_response(), 1s)).value());
+  }
+  h.advance(2s);
+  CHECK(h.run(s.delete_expired(2)).value() == 2);
+  CHECK(h.run(s.delete_expired(2)).value() == 2);
+  CHECK(h.run(s.delete_expired(2)).value() == 1);
+  CHECK(h.run(s.delete_expired(2)).value() == 0);
+  CHECK(h.row_count() == 3);
+}
+
+TEST_CASE_TEMPLATE("scope: the same key in other tenants and endpoints is another record", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  const auto a = claim_req(rid("k", "tenant-a", "POST /orders"), "fp-a");
+  const auto b = claim_req(rid("k", "tenant-b", "POST /orders"), "fp-b");
+  const auto c = claim_req(rid("k", "tenant-a", "POST /refunds"), "fp-c");
+  for (const auto* r : {&a, &b, &c}) {
+    auto won = h.run(s.claim(*r));
+    REQUIRE(won.has_value());
+    CHECK(won->won);
+    CHECK(won->attempt == 1);
+  }
+  CHECK(h.row_count() == 3);
+  REQUIRE(h.run(s.complete(a.id, 1, sample_response(), 1h)).value());
+  CHECK(h.run(s.read(b.id)).value()->state == State::in_progress);
+  CHECK(h.run(s.read(b.id)).value()->fingerprint == "fp-b");
+  CHECK(h.run(s.read(c.id)).value()->fingerprint == "fp-c");
+  CHECK(h.run(s.purge(a.id)).value());
+  CHECK(h.run(s.read(b.id)).value().has_value());
+  CHECK(h.run(s.read(c.id)).value().has_value());
+  CHECK(h.row_count() == 2);
+}
+
+TEST_CASE_TEMPLATE("oldest_in_progress_age: the oldest running claim", H, STORES) {
+  H h;
+  auto& s = h.store();
+  CHECK_FALSE(h.run(s.oldest_in_progress_age()).value().has_value());
+  const auto x = claim_req(rid("x"));
+  const auto y = claim_req(rid("y"));
+  REQUIRE(h.run(s.claim(x)).value().won);
+  h.advance(5s);
+  REQUIRE(h.run(s.claim(y)).value().won);
+  auto age = h.run(s.oldest_in_progress_age()).value();
+  REQUIRE(age.has_value());
+  CHECK(*age >= 5s);
+  CHECK(*age < 6s);
+  REQUIRE(h.run(s.complete(x.id, 1, sample_response(), 1h)).value());
+  age = h.run(s.oldest_in_progress_age()).value();
+  REQUIRE(age.has_value());
+  CHECK(*age < 1s);
+  REQUIRE(h.run(s.release(y.id, 1)).value());
+  CHECK_FALSE(h.run(s.oldest_in_progress_age()).value().has_value());
+}
+
+TEST_CASE("MemoryStore: set_unavailable fails every call with store_unavailable") {
+  test::MemoryHarness h;
+  auto& s = h.memory();
+  const auto req = claim_req(rid());
+  REQUIRE(h.run(s.claim(req)).value().won);
+  s.set_unavailable(true);
+  const error_code down = make_error_code(errc::store_unavailable);
+  CHECK(h.run(s.claim(req)).error() == down);
+  CHECK(h.run(s.read(req.id)).error() == down);
+  CHECK(h.run(s.take_over(req.id, 1, 1s)).error() == down);
+  CHECK(h.run(s.replace_expired(req, 1)).error() == down);
+  CHECK(h.run(s.complete(req.id, 1, sample_response(), 1h)).error() == down);
+  CHECK(h.run(s.release(req.id, 1)).error() == down);
+  CHECK(h.run(s.renew(req.id, 1, 1s)).error() == down);
+  CHECK(h.run(s.expire_lease(req.id, 1)).error() == down);
+  CHECK(h.run(s.purge(req.id)).error() == down);
+  CHECK(h.run(s.delete_expired(10)).error() == down);
+  CHECK(h.run(s.oldest_in_progress_age()).error() == down);
+  s.set_unavailable(false);
+  CHECK(h.run(s.read(req.id)).value().has_value());
+  CHECK(s.size() == 1);
+}

@@ -1,0 +1,154 @@
+// The migrator against fresh databases: idempotent, serialized between concurrent
+// migrators, and refusing a database that does not match this binary.
+#include <doctest/doctest.h>
+
+#include <future>
+#include <thread>
+
+#include "pg/pg_test_support.hpp"
+#include "store/migrations.hpp"
+
+using namespace idem;
+using namespace idem::store;
+
+namespace {
+
+constexpr Millis kConnect{5000};
+
+int latest_version() { return embedded_migrations().back().version; }
+
+std::vector<int> all_versions() {
+  std::vector<int> v;
+  for (const auto& m : embedded_migrations()) v.push_back(m.version);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("embedded migrations are ordered and checksummed with SHA-256") {
+  const auto& all = embedded_migrations();
+  REQUIRE_FALSE(all.empty());
+  CHECK(all.front().version == 1);
+  CHECK(all.front().name == "idempotency_requests");
+  CHECK(all.front().sql.find("CREATE TABLE idempotency_requests") != std::string_view::npos);
+  for (std::size_t i = 1; i < all.size(); ++i) CHECK(all[i - 1].version < all[i].version);
+
+  // The SHA-256 test vector for "abc".
+  CHECK(migration_checksum({1, "x", "abc"}) ==
+        "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  CHECK(migration_checksum(all.front()).size() == 64);
+}
+
+TEST_CASE("compare_schema: current, behind and mismatch") {
+  std::vector<std::pair<int, std::string>> applied;
+  auto none = compare_schema(applied);
+  CHECK(none.status == SchemaStatus::behind);
+  CHECK(none.database_version == 0);
+  CHECK(none.detail.find("0001_idempotency_requests") != std::string::npos);
+
+  for (const auto& m : embedded_migrations()) applied.emplace_back(m.version, migration_checksum(m));
+  auto current = compare_schema(applied);
+  CHECK(current.status == SchemaStatus::current);
+  CHECK(current.database_version == latest_version());
+
+  auto changed = applied;
+  changed.front().second = "0000";
+  CHECK(compare_schema(changed).status == SchemaStatus::mismatch);
+
+  auto newer = applied;
+  newer.emplace_back(latest_version() + 1, "feed");
+  auto n = compare_schema(newer);
+  CHECK(n.status == SchemaStatus::mismatch);
+  CHECK(n.database_version == latest_version() + 1);
+}
+
+TEST_CASE("apply_migrations: applies once, then finds nothing to do") {
+  test::TempDatabase db("idem_migrate_test");
+  CHECK(check_schema(db.conninfo(), kConnect).status == SchemaStatus::behind);
+
+  auto first = apply_migrations(db.conninfo(), kConnect);
+  CHECK(first.applied == all_versions());
+  CHECK(first.current_version == latest_version());
+  auto check = check_schema(db.conninfo(), kConnect);
+  CHECK(check.status == SchemaStatus::current);
+  CHECK(check.database_version == latest_version());
+
+  auto second = apply_migrations(db.conninfo(), kConnect);
+  CHECK(second.applied.empty());
+  CHECK(second.current_version == latest_version());
+
+  test::Sql sql(db.conninfo());
+  auto rows = sql.rows("SELECT version, name, checksum, applied_at IS NOT NULL"
+                       " FROM idemproxy_schema_migrations ORDER BY version");
+  REQUIRE(rows.size() == embedded_migrations().size());
+  CHECK(rows[0][0] == "1");
+  CHECK(rows[0][1] == "idempotency_requests");
+  CHECK(rows[0][2] == migration_checksum(embedded_migrations().front()));
+  CHECK(rows[0][3] == "t");
+  // The schema itself is there, with the indexes the contract names.
+  CHECK(sql.scalar("SELECT count(*) FROM pg_indexes WHERE tablename = 'idempotency_requests'") ==
+        "3");
+}
+
+TEST_CASE("apply_migrations: concurrent migrators serialize; each migration runs once") {
+  test::TempDatabase db("idem_migrate_test");
+  std::promise<void> go;
+  auto start = go.get_future().share();
+  auto migrate = [&] {
+    start.wait();
+    return apply_migrations(db.conninfo(), kConnect);
+  };
+  auto a = std::async(std::launch::async, migrate);
+  auto b = std::async(std::launch::async, migrate);
+  go.set_value();
+  const auto ra = a.get();
+  const auto rb = b.get();
+  // One of them did the work, the other waited on the lock and found it done.
+  CHECK(ra.applied.size() + rb.applied.size() == embedded_migrations().size());
+  CHECK((ra.applied.empty() || rb.applied.empty()));
+  CHECK(ra.current_version == latest_version());
+  CHECK(rb.current_version == latest_version());
+  test::Sql sql(db.conninfo());
+  CHECK(sql.scalar("SELECT count(*) FROM idemproxy_schema_migrations") ==
+        std::to_string(embedded_migrations().size()));
+}
+
+TEST_CASE("apply_migrations: a changed checksum is refused") {
+  test::TempDatabase db("idem_migrate_test");
+  apply_migrations(db.conninfo(), kConnect);
+  test::Sql sql(db.conninfo());
+  sql.exec("UPDATE idemproxy_schema_migrations SET checksum = 'tampered' WHERE version = 1");
+  CHECK_THROWS_WITH_AS(apply_migrations(db.conninfo(), kConnect),
+                       doctest::Contains("checksum"), std::runtime_error);
+  auto check = check_schema(db.conninfo(), kConnect);
+  CHECK(check.status == SchemaStatus::mismatch);
+  CHECK(check.detail.find("0001_idempotency_requests") != std::string::npos);
+}
+
+TEST_CASE("apply_migrations: an unknown newer version is refused") {
+  test::TempDatabase db("idem_migrate_test");
+  apply_migrations(db.conninfo(), kConnect);
+  test::Sql sql(db.conninfo());
+  sql.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum)"
+           " VALUES (9999, 'from_the_future', 'x')");
+  CHECK_THROWS_AS(apply_migrations(db.conninfo(), kConnect), std::runtime_error);
+  auto check = check_schema(db.conninfo(), kConnect);
+  CHECK(check.status == SchemaStatus::mismatch);
+  CHECK(check.database_version == 9999);
+}
+
+TEST_CASE("kSchemaQuery reads what compare_schema needs") {
+  test::TempDatabase db("idem_migrate_test");
+  apply_migrations(db.conninfo(), kConnect);
+  test::Sql sql(db.conninfo());
+  std::vector<std::pair<int, std::string>> applied;
+  for (const auto& row : sql.rows(kSchemaQuery)) applied.emplace_back(std::stoi(*row[0]), *row[1]);
+  CHECK(compare_schema(applied).status == SchemaStatus::current);
+}
+
+TEST_CASE("an unreachable database throws") {
+  CHECK_THROWS_AS(check_schema("host=127.0.0.1 port=1 user=postgres dbname=x", Millis{1000}),
+                  std::runtime_error);
+  CHECK_THROWS_AS(apply_migrations("host=127.0.0.1 port=1 user=postgres dbname=x", Millis{1000}),
+                  std::runtime_error);
+}

@@ -1,0 +1,190 @@
+// PgStore beyond the conformance suite: real concurrency across connections and threads,
+// the stored column formats, and how database failures surface as store errors.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <future>
+#include <thread>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "store/harness.hpp"
+
+using namespace idem;
+using namespace std::chrono_literals;
+
+namespace {
+
+store::ClaimRequest claim_req(std::string key, std::string fingerprint = "fp") {
+  store::ClaimRequest r;
+  r.id = {"tenant-a", "POST /orders", std::move(key)};
+  r.fingerprint = std::move(fingerprint);
+  r.lease = 30s;
+  r.retention = 1h;
+  return r;
+}
+
+// n claims of the same key at once on one pool; returns how many won.
+int claim_burst(asio::io_context& ctx, store::Store& s, const store::ClaimRequest& req, int n) {
+  std::vector<std::future<result<store::ClaimResult>>> calls;
+  for (int i = 0; i < n; ++i) calls.push_back(asio::co_spawn(ctx, s.claim(req), asio::use_future));
+  ctx.restart();
+  ctx.run();
+  int won = 0;
+  for (auto& c : calls) {
+    auto r = c.get();
+    REQUIRE(r.has_value());
+    if (r->won) {
+      ++won;
+      CHECK(r->attempt == 1);
+    }
+  }
+  return won;
+}
+
+}  // namespace
+
+TEST_CASE("PgStore: 100 concurrent claims from two pools on two threads, one winner") {
+  test::PgHarness h;
+  const auto req = claim_req("contended");
+
+  // A second, independent pool on its own thread and io_context, like a second worker
+  // or replica.
+  asio::io_context other_ctx;
+  auto other_pool = pg::Pool::create(other_ctx.get_executor(), test::store_pool_options(8));
+  store::PgStore other(other_pool);
+
+  std::promise<void> go;
+  auto start = go.get_future().share();
+  auto other_won = std::async(std::launch::async, [&] {
+    start.wait();
+    return claim_burst(other_ctx, other, req, 50);
+  });
+  go.set_value();
+  const int here_won = claim_burst(h.ctx(), h.store(), req, 50);
+  const int there_won = other_won.get();
+
+  CHECK(here_won + there_won == 1);
+  CHECK(h.row_count() == 1);
+  CHECK(h.sql().scalar("SELECT attempt_token FROM idempotency_requests") == "1");
+}
+
+TEST_CASE("PgStore: the stored formats operators and other tools see") {
+  test::PgHarness h;
+  auto& s = h.store();
+  const auto req = claim_req("formats");
+  REQUIRE(h.run(s.claim(req)).value().won);
+  store::StoredResponse resp;
+  resp.status = 201;
+  resp.headers = {{"Content-Type", "application/json"},
+                  {"Set-Cookie", "a=1"},
+                  {"Set-Cookie", "b=2"},
+                  {"X-Bin", std::string("\xff\x00", 2)}};
+  resp.body = std::string("{\"id\":1}\0\xff", 10);
+  REQUIRE(h.run(s.complete(req.id, 1, resp, 1h)).value());
+
+  auto row = h.sql().rows(
+      "SELECT state, response_status, response_headers::text, encode(response_body, 'hex'),"
+      " resource_id IS NULL, response_body_omitted, lease_expires_at IS NULL,"
+      " expires_at - completed_at"
+      " FROM idempotency_requests WHERE idempotency_key = 'formats'");
+  REQUIRE(row.size() == 1);
+  CHECK(row[0][0] == "completed");
+  CHECK(row[0][1] == "201");
+  // An array of [name, value] pairs in order; a non-UTF-8 pair is hex-tagged.
+  CHECK(row[0][2] ==
+        "[[\"Content-Type\", \"application/json\"], [\"Set-Cookie\", \"a=1\"], "
+        "[\"Set-Cookie\", \"b=2\"], [\"582d42696e\", \"ff00\", \"hex\"]]");
+  CHECK(row[0][3] == "7b226964223a317d00ff");
+  CHECK(row[0][4] == "t");  // empty resource id stored as NULL
+  CHECK(row[0][5] == "f");
+  CHECK(row[0][6] == "t");
+  CHECK(row[0][7] == "01:00:00");
+
+  // An omitted body is NULL, not an empty bytea.
+  const auto big = claim_req("omitted");
+  REQUIRE(h.run(s.claim(big)).value().won);
+  store::StoredResponse omitted;
+  omitted.status = 200;
+  omitted.body_omitted = true;
+  omitted.resource_id = "r-1";
+  REQUIRE(h.run(s.complete(big.id, 1, omitted, 1h)).value());
+  CHECK(h.sql().rows("SELECT response_body IS NULL, response_body_omitted, resource_id"
+                     " FROM idempotency_requests WHERE idempotency_key = 'omitted'")[0] ==
+        test::Row{"t", "t", "r-1"});
+}
+
+TEST_CASE("PgStore: an expired row under a live lease is neither replaced nor cleaned") {
+  // The API keeps expires_at beyond any live lease, so only SQL can build this row; the
+  // statements must still refuse to touch it (defence in depth).
+  test::PgHarness h;
+  auto& s = h.store();
+  const auto req = claim_req("leased");
+  REQUIRE(h.run(s.claim(req)).value().won);
+  h.sql().exec("UPDATE idempotency_requests SET expires_at = now() - interval '1 second'");
+  auto rec = h.run(s.read(req.id)).value();
+  REQUIRE(rec.has_value());
+  CHECK(rec->expired);
+  CHECK_FALSE(rec->lease_expired);
+  CHECK(h.run(s.delete_expired(100)).value() == 0);
+  CHECK_FALSE(h.run(s.replace_expired(claim_req("leased", "fp-2"), 1)).value().has_value());
+  CHECK(h.row_count() == 1);
+}
+
+TEST_CASE("PgStore: a row lock held past statement_timeout is a store timeout") {
+  test::PgHarness h;
+  auto& s = h.store();
+  const auto req = claim_req("locked");
+  REQUIRE(h.run(s.claim(req)).value().won);
+
+  asio::io_context ctx;
+  auto opts = test::store_pool_options(1);
+  opts.statement_timeout = 300ms;
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  store::PgStore impatient(pool);
+
+  test::Sql locker(test::store_database().conninfo());
+  locker.exec("BEGIN");
+  locker.exec("SELECT 1 FROM idempotency_requests WHERE idempotency_key = 'locked' FOR UPDATE");
+  const auto start = SteadyClock::now();
+  auto r = test::run(ctx, impatient.renew(req.id, 1, 30s));
+  const auto took = test::elapsed_since(start);
+  locker.exec("ROLLBACK");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error() == errc::store_timeout);
+  CHECK(took < 2000ms);
+  // The renew did not happen, and works once the lock is gone.
+  CHECK(test::run(ctx, impatient.renew(req.id, 1, 30s)).value());
+}
+
+TEST_CASE("PgStore: an unreachable database is store_unavailable, at once") {
+  asio::io_context ctx;
+  std::uint16_t port = 0;
+  {
+    asio::ip::tcp::acceptor a(
+        ctx, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    port = a.local_endpoint().port();
+  }
+  pg::PoolOptions opts = test::store_pool_options(2);
+  opts.conninfo = "host=127.0.0.1 port=" + std::to_string(port) + " user=postgres dbname=x";
+  store::PgStore s(pg::Pool::create(ctx.get_executor(), opts));
+  const auto start = SteadyClock::now();
+  auto r = test::run(ctx, s.claim(claim_req("k")));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error() == errc::store_unavailable);
+  auto again = test::run(ctx, s.read({"tenant-a", "POST /orders", "k"}));
+  REQUIRE_FALSE(again.has_value());
+  CHECK(again.error() == errc::store_unavailable);
+  CHECK(test::elapsed_since(start) < 1000ms);
+}
+
+TEST_CASE("PgStore: every statement is prepared on connect") {
+  test::PgHarness h;
+  REQUIRE(h.run(h.store().read({"t", "e", "k"})).has_value());  // opens a connection
+  auto names = test::run(h.ctx(), h.pool()->query(
+      "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'idem\\_%'"));
+  REQUIRE(names);
+  CHECK(names->int64(0, 0) == static_cast<std::int64_t>(store::pg_store_statements().size()));
+}
