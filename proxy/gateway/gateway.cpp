@@ -1,0 +1,601 @@
+#include "gateway/gateway.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gateway/headers.hpp"
+#include "idempotency/decision.hpp"
+#include "idempotency/key.hpp"
+#include "observability/logging.hpp"
+
+namespace idem::gateway {
+namespace {
+
+using idempotency::Action;
+using obs::Outcome;
+using obs::StoreOp;
+
+constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
+constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
+// A protected request never needs more than a handful of store rounds; the bound only
+// stops a pathological livelock (rows appearing and vanishing) from spinning forever.
+constexpr int kMaxRounds = 256;
+constexpr Millis kFirstPoll{20};
+constexpr Millis kMaxPoll{500};
+
+double seconds_since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
+std::string_view trim(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  return v;
+}
+
+// Tenants arrive from a trusted authenticating layer; anything but one short token of
+// visible ASCII is a misconfiguration in front of us and must not scope a record.
+bool valid_tenant(std::string_view t) {
+  if (t.empty() || t.size() > 255) return false;
+  return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
+}
+
+std::string retry_after_seconds(Millis d) {
+  const auto secs = std::max<long long>(1, (d.count() + 999) / 1000);
+  return std::to_string(secs);
+}
+
+std::string_view store_error_kind(const error_code& ec) {
+  if (ec == errc::store_timeout) return "timeout";
+  if (ec == errc::store_busy) return "busy";
+  if (ec == errc::store_unavailable) return "unavailable";
+  return "protocol";
+}
+
+}  // namespace
+
+// Everything one request accumulates on its way through; also feeds the access log.
+struct Gateway::Exchange {
+  server::Request& request;
+  const server::RequestContext& context;
+  std::shared_ptr<const Runtime> runtime;
+  const CompiledRoute* route = nullptr;
+  unsigned version = 11;
+  bool keep_alive = true;
+  std::string method;
+  std::string path;
+  std::string query;
+
+  std::string tenant;
+  std::string key;
+  std::string fingerprint;
+  std::string principal;
+  store::RecordId id;
+  std::string waiter_key;
+
+  Outcome outcome = Outcome::passthrough;
+  std::string_view code;
+  std::int64_t attempt = 0;
+  double store_seconds = -1;
+  double upstream_seconds = -1;
+  std::string key_hash;
+};
+
+Gateway::Gateway(Dependencies deps) : deps_(std::move(deps)) {}
+
+namespace {
+
+server::Response problem(const Gateway::Exchange& x, http::status status, std::string_view code,
+                         std::string_view title, std::string_view detail) {
+  return server::make_problem(status, code, title, detail, x.version, x.keep_alive);
+}
+
+// The response the client sees from the upstream: per-hop fields belong to our hop.
+server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) {
+  server::Response res = std::move(up);
+  strip_hop_by_hop(res.base());
+  res.version(x.version);
+  res.keep_alive(x.keep_alive);
+  // A HEAD answer carries the length the GET would have; recomputing it from the empty
+  // body would lie to the client.
+  if (x.method != "HEAD") res.prepare_payload();
+  return res;
+}
+
+store::StoredResponse capture(const upstream::Response& res, const settings::RouteSettings& rs) {
+  store::StoredResponse out;
+  out.status = static_cast<int>(res.result_int());
+  for (const auto& f : res.base()) {
+    const std::string_view name = f.name_string();
+    const bool wanted = std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
+                                    [&](const std::string& h) { return iequals(h, name); });
+    if (wanted) out.headers.push_back({std::string(name), std::string(f.value())});
+    if (iequals(name, "Location") && out.resource_id.empty()) out.resource_id = f.value();
+  }
+  if (res.body().size() > rs.max_stored_body) {
+    out.body_omitted = true;
+  } else {
+    out.body = res.body();
+  }
+  return out;
+}
+
+server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x) {
+  server::Response res{static_cast<http::status>(stored.status), x.version};
+  for (const auto& h : stored.headers) res.insert(h.name, h.value);
+  res.set("Idempotent-Replayed", "true");
+  if (stored.body_omitted) res.set("Idempotent-Replay-Body", "omitted");
+  res.body() = stored.body;
+  res.keep_alive(x.keep_alive);
+  res.prepare_payload();
+  return res;
+}
+
+// Times one store call and accounts its failure; the caller decides what a failure means.
+template <class T>
+asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, StoreOp op,
+                                 asio::awaitable<result<T>> call) {
+  const auto t0 = SteadyClock::now();
+  auto r = co_await std::move(call);
+  const double took = seconds_since(t0);
+  x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
+  metrics.store_duration(op, took);
+  if (!r) metrics.store_error(store_error_kind(r.error()));
+  co_return r;
+}
+
+// Renews the owner's lease every lease/3 while the upstream call runs, so a slow but
+// healthy backend is not mistaken for a crashed owner. Lives in its own coroutine so the
+// forward is never delayed by a renewal round trip.
+struct LeaseKeeper {
+  explicit LeaseKeeper(asio::any_io_executor ex) : timer(std::move(ex)) {}
+  void stop() {
+    stopped = true;
+    timer.cancel();
+  }
+  asio::steady_timer timer;
+  bool stopped = false;
+};
+
+std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
+                                                std::int64_t attempt, Millis lease) {
+  auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
+  auto* store = deps.store;
+  auto* metrics = deps.metrics;
+  asio::co_spawn(
+      deps.executor,
+      [keeper, store, metrics, id = std::move(id), attempt, lease]() -> asio::awaitable<void> {
+        const Millis period = std::max(Millis{50}, lease / 3);
+        while (!keeper->stopped) {
+          keeper->timer.expires_after(period);
+          error_code ec;
+          co_await keeper->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          if (keeper->stopped) co_return;
+          const auto t0 = SteadyClock::now();
+          auto renewed = co_await store->renew(id, attempt, lease);
+          metrics->store_duration(StoreOp::renew, seconds_since(t0));
+          if (keeper->stopped) co_return;  // completion won the race: nothing to renew
+          if (!renewed) {
+            // Transient: the next tick tries again; if the store stays away the lease
+            // lapses and a retry takes over, which the attempt token makes safe.
+            metrics->store_error(store_error_kind(renewed.error()));
+            continue;
+          }
+          if (!*renewed) {
+            // A newer attempt owns the row: our completion will be fenced too.
+            metrics->fenced_write();
+            spdlog::warn("lease renewal fenced: attempt {} no longer owns the record", attempt);
+            co_return;
+          }
+          metrics->lease_renewal();
+        }
+      },
+      asio::detached);
+  return keeper;
+}
+
+}  // namespace
+
+asio::awaitable<server::Response> Gateway::handle(server::Request& request,
+                                                  const server::RequestContext& context) {
+  Exchange x{request, context, deps_.runtime->load()};
+  x.version = request.version();
+  x.keep_alive = request.keep_alive();
+  x.method = std::string(request.method_string());
+  {
+    const auto parts = split_target(request.target());
+    x.path = std::string(parts.path);
+    x.query = std::string(parts.query);
+  }
+  // The backend trusts these as the sidecar's word (dedupe, fencing): a client must never
+  // be able to supply them, on any route.
+  request.erase(std::string(kOperationIdHeader));
+  request.erase(std::string(kAttemptHeader));
+
+  server::Response res;
+  x.route = x.runtime->match(x.method, x.path);
+  if (x.route) {
+    res = co_await protected_request(x);
+  } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
+    x.outcome = Outcome::rejected;
+    res = problem(x, http::status::not_found, "route_not_found", "No route matches",
+                  "no configured route matches this method and path");
+    x.code = "route_not_found";
+  } else {
+    res = co_await pass_through(x);
+  }
+
+  const double total = seconds_since(context.received_at);
+  const std::string_view route_name = x.route ? std::string_view(x.route->settings->name)
+                                              : std::string_view("unmatched");
+  deps_.metrics->request(route_name, x.outcome, total);
+  obs::AccessRecord rec;
+  rec.route = x.route ? route_name : std::string_view();
+  rec.method = x.method;
+  rec.path = x.path;
+  rec.outcome = obs::to_string(x.outcome);
+  rec.status = static_cast<int>(res.result_int());
+  rec.duration_ms = total * 1000.0;
+  rec.upstream_ms = x.upstream_seconds < 0 ? -1 : x.upstream_seconds * 1000.0;
+  rec.store_ms = x.store_seconds < 0 ? -1 : x.store_seconds * 1000.0;
+  rec.attempt = x.attempt;
+  rec.key_hash = x.key_hash;
+  rec.code = x.code;
+  obs::log_access(rec);
+  co_return res;
+}
+
+asio::awaitable<server::Response> Gateway::pass_through(Exchange& x) {
+  x.outcome = Outcome::passthrough;
+  auto out = co_await forward(x, 0);
+  switch (out.failure) {
+    case upstream::Failure::none:
+      co_return to_client(std::move(out.response), x);
+    case upstream::Failure::connect_failed:
+      x.code = "upstream_unavailable";
+      co_return problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
+                        "the upstream refused the connection; the request was not sent");
+    case upstream::Failure::timeout:
+    case upstream::Failure::broken:
+      x.code = "upstream_timeout";
+      co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
+                        "the upstream did not answer in time; the outcome is unknown");
+    case upstream::Failure::response_too_large:
+    case upstream::Failure::bad_response:
+      break;
+  }
+  x.code = "upstream_invalid_response";
+  co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
+                    "the upstream's response was malformed or larger than allowed");
+}
+
+asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t attempt) {
+  const auto& up_settings = x.runtime->settings().upstream;
+  upstream::Request up;
+  up.method_string(x.request.method_string());
+  up.version(11);
+  up.target(up_settings.base_path + std::string(x.request.target()));
+  for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
+  strip_hop_by_hop(up.base());
+  // Append the client's address to any chain set by proxies in front of us.
+  {
+    std::string chain;
+    for (auto v : field_values(up.base(), "X-Forwarded-For")) {
+      if (!chain.empty()) chain += ", ";
+      chain += v;
+    }
+    if (!chain.empty()) chain += ", ";
+    chain += x.context.peer.address().to_string();
+    up.set("X-Forwarded-For", chain);
+  }
+  if (attempt > 0) {
+    up.set(std::string(kOperationIdHeader),
+           idempotency::operation_id(x.tenant, x.id.endpoint, x.key));
+    up.set(std::string(kAttemptHeader), std::to_string(attempt));
+  }
+  up.body() = std::move(x.request.body());
+  up.prepare_payload();
+
+  const auto t0 = SteadyClock::now();
+  auto out = co_await deps_.upstream->send(std::move(up));
+  const double took = seconds_since(t0);
+  x.upstream_seconds = (x.upstream_seconds < 0 ? 0 : x.upstream_seconds) + took;
+  deps_.metrics->upstream_duration(took);
+  co_return out;
+}
+
+asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& cfg = x.runtime->settings();
+  x.outcome = Outcome::rejected;
+
+  const auto tenants = field_values(x.request.base(), cfg.tenant.header);
+  if (tenants.size() != 1 || !valid_tenant(trim(tenants.front()))) {
+    x.code = "tenant_missing";
+    co_return problem(x, http::status::unauthorized, x.code, "Tenant missing",
+                      tenants.empty() ? "the tenant header is missing"
+                                      : "the tenant header must be one value of 1-255 visible "
+                                        "ASCII characters");
+  }
+  x.tenant = std::string(trim(tenants.front()));
+
+  const auto key_values = field_values(x.request.base(), rs.key.header);
+  auto parsed = idempotency::parse_key(key_values, rs.key.max_length);
+  if (parsed.status == idempotency::KeyStatus::missing) {
+    if (!rs.key.required) co_return co_await pass_through(x);
+    x.code = "idempotency_key_missing";
+    co_return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
+                      "this route requires the " + rs.key.header + " header");
+  }
+  if (parsed.status == idempotency::KeyStatus::invalid) {
+    x.code = "idempotency_key_invalid";
+    co_return problem(x, http::status::bad_request, x.code, "Idempotency key invalid",
+                      parsed.reason);
+  }
+  x.key = std::move(parsed.key);
+  x.key_hash = idempotency::log_hash(x.tenant, x.key);
+
+  {
+    idempotency::RequestParts parts;
+    parts.method = x.method;
+    parts.scope = rs.scope;
+    if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
+      parts.content_type = std::string_view(ct->value());
+    parts.body = x.request.body();
+    for (const auto& name : x.route->fingerprint.header_names()) {
+      const auto values = field_values(x.request.base(), name);
+      if (values.empty()) {
+        parts.header_values.emplace_back(std::nullopt);
+      } else {
+        std::string joined;
+        for (auto v : values) {
+          if (!joined.empty()) joined += ", ";
+          joined += v;
+        }
+        parts.header_values.emplace_back(std::move(joined));
+      }
+    }
+    parts.query = x.query;
+    auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
+    if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
+      x.code = "unsupported_media_type";
+      co_return problem(x, http::status::unsupported_media_type, x.code,
+                        "Unsupported media type", fp.reason);
+    }
+    if (fp.status == idempotency::FingerprintStatus::invalid_json) {
+      x.code = "invalid_json";
+      co_return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
+    }
+    x.fingerprint = std::move(fp.value);
+  }
+
+  const bool check_principal = !cfg.tenant.principal_header.empty();
+  if (check_principal) {
+    const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
+    // Only a hash is stored: the record must not become a directory of user ids.
+    x.principal = idempotency::sha256_hex(
+        "idemproxy-principal\n" + std::string(values.empty() ? std::string_view() : trim(values.front())));
+  }
+
+  x.id = store::RecordId{x.tenant, rs.scope, x.key};
+  x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
+  const store::ClaimRequest claim{x.id, x.fingerprint, x.principal, rs.lease, rs.retention};
+
+  auto store_unavailable = [&](const error_code& ec) {
+    x.outcome = Outcome::store_unavailable;
+    x.code = "idempotency_store_unavailable";
+    spdlog::warn("store unavailable for route {}: {}", rs.name, ec.message());
+    auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
+                       "the idempotency store could not be reached in time; nothing was forwarded");
+    res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+    return res;
+  };
+
+  auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
+  if (!claimed) co_return store_unavailable(claimed.error());
+  if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
+
+  // Registered before the first read so an owner in this process that finishes between
+  // our read and our wait still wakes us.
+  Waiter waiter(*deps_.waiters, x.waiter_key, deps_.executor);
+  const auto wait_deadline = SteadyClock::now() + rs.wait;
+  Millis poll = kFirstPoll;
+
+  for (int round = 0; round < kMaxRounds; ++round) {
+    auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id));
+    if (!row) co_return store_unavailable(row.error());
+
+    idempotency::Situation sit;
+    if (row->has_value()) {
+      const auto& r = **row;
+      sit.row = idempotency::RowView{r.fingerprint, r.principal,
+                                     r.state == store::State::completed, r.attempt,
+                                     r.lease_expired, r.expired};
+    }
+    sit.fingerprint = x.fingerprint;
+    sit.principal = x.principal;
+    sit.check_principal = check_principal;
+    sit.wait_budget_left = SteadyClock::now() < wait_deadline;
+
+    switch (idempotency::decide(sit)) {
+      case Action::claim_again: {
+        claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
+        if (!claimed) co_return store_unavailable(claimed.error());
+        if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
+        continue;
+      }
+      case Action::replace_expired: {
+        auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
+                                        deps_.store->replace_expired(claim, (*row)->attempt));
+        if (!replaced) co_return store_unavailable(replaced.error());
+        if (*replaced) co_return co_await run_as_owner(x, **replaced);
+        continue;  // someone else replaced or changed it first: look again
+      }
+      case Action::take_over: {
+        auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
+                                     deps_.store->take_over(x.id, (*row)->attempt, rs.lease));
+        if (!taken) co_return store_unavailable(taken.error());
+        if (*taken) {
+          deps_.metrics->takeover();
+          spdlog::info("took over an expired lease: attempt {} -> {}", (*row)->attempt, **taken);
+          co_return co_await run_as_owner(x, **taken);
+        }
+        continue;
+      }
+      case Action::reject_mismatch: {
+        x.outcome = Outcome::key_reused;
+        x.code = "idempotency_key_reused";
+        co_return problem(x, static_cast<http::status>(rs.mismatch_status), x.code,
+                          "Idempotency key reused",
+                          "this key was already used with a different request; use a new key "
+                          "for a new operation");
+      }
+      case Action::forbid: {
+        x.code = "idempotency_key_forbidden";
+        co_return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
+                          "this key belongs to an operation of another principal");
+      }
+      case Action::replay: {
+        x.outcome = Outcome::replayed;
+        x.attempt = (*row)->attempt;
+        if (!(*row)->response) {
+          // A completed row always has a response; anything else is a store defect.
+          co_return store_unavailable(make_error_code(errc::store_protocol));
+        }
+        co_return replay(*(*row)->response, x);
+      }
+      case Action::wait: {
+        auto until = std::min(wait_deadline, SteadyClock::now() + poll);
+        // Wake when the owner's lease runs out, to take over without waiting a full poll.
+        const auto lease_left = (*row)->lease_remaining;
+        if (lease_left > Millis{0}) {
+          until = std::min(until, SteadyClock::now() + lease_left + Millis{5});
+        }
+        poll = std::min(kMaxPoll, poll * 2);
+        co_await waiter.wait_until(until);
+        continue;
+      }
+      case Action::answer_in_progress:
+        break;
+    }
+    break;
+  }
+
+  x.outcome = Outcome::in_progress;
+  x.code = "idempotency_in_progress";
+  auto res = problem(x, http::status::conflict, x.code, "Request in progress",
+                     "a request with this key is still being processed; retry after the "
+                     "indicated delay");
+  res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+  co_return res;
+}
+
+asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, std::int64_t attempt) {
+  const auto& rs = *x.route->settings;
+  x.attempt = attempt;
+  ++owners_in_flight_;
+  struct InFlight {
+    std::size_t& n;
+    ~InFlight() { --n; }
+  } in_flight{owners_in_flight_};
+
+  auto keeper = start_lease_keeper(deps_, x.id, attempt, rs.lease);
+  auto out = co_await forward(x, attempt);
+  keeper->stop();
+
+  auto fenced = [&](std::string_view what) {
+    deps_.metrics->fenced_write();
+    spdlog::warn("{} fenced: attempt {} no longer owns the record (route {})", what, attempt,
+                 rs.name);
+  };
+
+  switch (out.failure) {
+    case upstream::Failure::none:
+      break;
+    case upstream::Failure::connect_failed: {
+      // Nothing reached the backend: free the key so the retry starts clean.
+      auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
+      if (released && !*released) fenced("release");
+      deps_.waiters->notify(x.waiter_key);
+      x.outcome = Outcome::released;
+      x.code = "upstream_unavailable";
+      co_return problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
+                        "the upstream refused the connection; the request was not sent and the "
+                        "key was released");
+    }
+    case upstream::Failure::timeout:
+    case upstream::Failure::broken:
+    case upstream::Failure::response_too_large:
+    case upstream::Failure::bad_response: {
+      // The backend may have acted. Keep the row but end the lease now, so the next retry
+      // takes over at once with a higher attempt and the same operation id, which lets the
+      // backend find its own earlier result.
+      auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
+                                     deps_.store->expire_lease(x.id, attempt));
+      if (expired && !*expired) fenced("lease expiry");
+      deps_.waiters->notify(x.waiter_key);
+      x.outcome = Outcome::unknown_outcome;
+      if (out.failure == upstream::Failure::timeout || out.failure == upstream::Failure::broken) {
+        x.code = "upstream_timeout";
+        co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
+                          "the upstream did not answer in time; the outcome is unknown, retry "
+                          "with the same key");
+      }
+      x.code = "upstream_invalid_response";
+      co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
+                        "the upstream's response was malformed or larger than allowed; retry "
+                        "with the same key");
+    }
+  }
+
+  const int status = static_cast<int>(out.response.result_int());
+  if (!rs.store.stores(status)) {
+    // Transient answers (5xx, 408, 425, 429 by default) must not stick to the key.
+    auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
+    if (released && !*released) fenced("release");
+    if (!released) {
+      spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
+                   released.error().message());
+    }
+    deps_.waiters->notify(x.waiter_key);
+    x.outcome = Outcome::released;
+    co_return to_client(std::move(out.response), x);
+  }
+
+  const auto stored = capture(out.response, rs);
+  // The response goes out only after its record commits, so every later retry sees exactly
+  // what this client saw. One retry covers a pooled connection that died in between.
+  auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
+                                   deps_.store->complete(x.id, attempt, stored, rs.retention));
+  if (!completed) {
+    completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
+                                deps_.store->complete(x.id, attempt, stored, rs.retention));
+  }
+  deps_.waiters->notify(x.waiter_key);
+  if (!completed) {
+    x.outcome = Outcome::store_unavailable;
+    x.code = "idempotency_store_unavailable";
+    spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
+                  attempt, completed.error().message());
+    auto res = problem(x, http::status::service_unavailable, x.code,
+                       "Idempotency store unavailable",
+                       "the upstream answered but the answer could not be recorded; retry with "
+                       "the same key after the indicated delay");
+    // The row keeps its lease until it lapses; only then can a retry take over.
+    res.set(http::field::retry_after, retry_after_seconds(std::max(rs.lease, rs.retry_after)));
+    co_return res;
+  }
+  if (!*completed) fenced("completion");
+  x.outcome = Outcome::created;
+  co_return to_client(std::move(out.response), x);
+}
+
+}  // namespace idem::gateway

@@ -1,0 +1,71 @@
+#include "gateway/router.hpp"
+
+#include <stdexcept>
+
+namespace idem::gateway {
+namespace {
+
+std::vector<std::string> split_path(std::string_view path) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  // A leading '/' is required by config validation and by HTTP origin-form targets.
+  if (!path.empty() && path.front() == '/') start = 1;
+  while (true) {
+    const auto slash = path.find('/', start);
+    out.emplace_back(path.substr(start, slash == std::string_view::npos ? slash : slash - start));
+    if (slash == std::string_view::npos) break;
+    start = slash + 1;
+  }
+  return out;
+}
+
+bool is_placeholder(std::string_view seg) {
+  return seg.size() >= 2 && seg.front() == '{' && seg.back() == '}';
+}
+
+}  // namespace
+
+std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Settings> s) {
+  auto rt = std::make_shared<Runtime>();
+  rt->settings_ = std::move(s);
+  rt->routes_.reserve(rt->settings_->routes.size());
+  for (const auto& route : rt->settings_->routes) {
+    CompiledRoute compiled;
+    compiled.settings = &route;
+    compiled.segments = split_path(route.path);
+    try {
+      compiled.fingerprint = idempotency::FingerprintSpec::compile(route.fingerprint);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("route '" + route.name + "': " + e.what());
+    }
+    rt->routes_.push_back(std::move(compiled));
+  }
+  return rt;
+}
+
+const CompiledRoute* Runtime::match(std::string_view method, std::string_view path) const {
+  if (routes_.empty()) return nullptr;
+  const auto segments = split_path(path);
+  for (const auto& route : routes_) {
+    if (route.settings->method != method || route.segments.size() != segments.size()) continue;
+    bool ok = true;
+    for (std::size_t i = 0; i < segments.size() && ok; ++i) {
+      const auto& want = route.segments[i];
+      ok = is_placeholder(want) ? !segments[i].empty() : want == segments[i];
+    }
+    if (ok) return &route;
+  }
+  return nullptr;
+}
+
+RuntimeHolder::RuntimeHolder(std::shared_ptr<const Runtime> initial) : current_(std::move(initial)) {}
+
+std::shared_ptr<const Runtime> RuntimeHolder::load() const {
+  return current_.load(std::memory_order_acquire);
+}
+
+void RuntimeHolder::store(std::shared_ptr<const Runtime> next) {
+  current_.store(std::move(next), std::memory_order_release);
+}
+
+}  // namespace idem::gateway

@@ -1,0 +1,550 @@
+// The gateway's protocol against the in-memory store and a scripted upstream: every
+// branch of contract §4 checked by the store's rows and the upstream's calls, fast and
+// without sockets. The same flows run against PostgreSQL and a real backend in
+// integration/.
+#include <doctest/doctest.h>
+
+#include <deque>
+#include <functional>
+#include <optional>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <spdlog/spdlog.h>
+
+#include "gateway/gateway.hpp"
+#include "idempotency/fingerprint.hpp"
+#include "store/memory_store.hpp"
+
+namespace {
+
+using namespace idem;
+using std::chrono::system_clock;
+
+// A backend stand-in: records every forwarded request and answers from a script.
+class ScriptedUpstream final : public upstream::Client {
+ public:
+  using Script = std::function<asio::awaitable<upstream::Outcome>(const upstream::Request&, int seq)>;
+
+  explicit ScriptedUpstream(asio::any_io_executor ex) : gate(ex) {
+    gate.expires_at(SteadyClock::time_point::max());
+  }
+
+  asio::awaitable<upstream::Outcome> send(upstream::Request request) override {
+    calls.push_back(request);
+    const int seq = static_cast<int>(calls.size());
+    if (!scripts.empty()) {
+      auto script = std::move(scripts.front());
+      scripts.pop_front();
+      // The local copy, not calls.back(): later calls may reallocate the vector.
+      co_return co_await script(request, seq);
+    }
+    co_return created(seq, request);
+  }
+
+  static upstream::Outcome created(int seq, const upstream::Request& req, int status = 201) {
+    upstream::Outcome out;
+    out.response.result(static_cast<http::status>(status));
+    out.response.version(11);
+    out.response.set(http::field::content_type, "application/json");
+    out.response.set(http::field::location, "/orders/ord-" + std::to_string(seq));
+    out.response.set("X-Backend-Seq", std::to_string(seq));
+    std::string attempt(req["X-Idempotency-Attempt"]);
+    out.response.body() = "{\"order_id\":\"ord-" + std::to_string(seq) + "\",\"attempt\":\"" + attempt + "\"}";
+    out.response.prepare_payload();
+    return out;
+  }
+
+  // Holds the next answer until open_gate() is called.
+  void hold_next() {
+    scripts.push_back([this](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      error_code ec;
+      co_await gate.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_return created(seq, req);
+    });
+  }
+  void open_gate() { gate.cancel(); }
+
+  void fail_next(upstream::Failure f) {
+    scripts.push_back([f](const upstream::Request&, int) -> asio::awaitable<upstream::Outcome> {
+      upstream::Outcome out;
+      out.failure = f;
+      co_return out;
+    });
+  }
+
+  void answer_next(int status, std::string body = "{}") {
+    scripts.push_back([status, body](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = created(seq, req, status);
+      out.response.body() = body;
+      out.response.prepare_payload();
+      co_return out;
+    });
+  }
+
+  std::vector<upstream::Request> calls;
+  std::deque<Script> scripts;
+  asio::steady_timer gate;
+};
+
+struct Fixture {
+  Fixture() : upstream(ioc.get_executor()) {
+    spdlog::set_level(spdlog::level::off);
+    settings::Settings s;
+    s.upstream.host = "127.0.0.1";
+    s.upstream.port = 1;
+    settings::RouteSettings r;
+    r.name = "create-order";
+    r.method = "POST";
+    r.path = "/orders";
+    r.scope = "POST /orders";
+    r.fingerprint.fields = std::vector<std::string>{"/customer_id", "/amount", "/currency"};
+    r.fingerprint.defaults["/currency"] = "\"EUR\"";
+    r.lease = Millis{30000};
+    r.wait = Millis{50};
+    r.retention = Millis{3600 * 1000};
+    r.max_stored_body = 1024;
+    s.routes.push_back(r);
+    configure(std::move(s));
+  }
+
+  void configure(settings::Settings s) {
+    auto rt = gateway::Runtime::build(
+        std::shared_ptr<const settings::Settings>(std::make_shared<settings::Settings>(std::move(s))));
+    if (!holder) {
+      holder = std::make_shared<gateway::RuntimeHolder>(rt);
+    } else {
+      holder->store(rt);
+    }
+    gateway::Dependencies deps;
+    deps.executor = ioc.get_executor();
+    deps.runtime = holder;
+    deps.store = &store;
+    deps.upstream = &upstream;
+    deps.waiters = &waiters;
+    deps.metrics = &metrics;
+    gw = std::make_unique<gateway::Gateway>(std::move(deps));
+  }
+
+  settings::RouteSettings& route() {
+    return const_cast<settings::RouteSettings&>(holder->load()->settings().routes.front());
+  }
+
+  static server::Request order(std::string_view key, std::string body,
+                               std::string_view tenant = "t1") {
+    server::Request req{http::verb::post, "/orders", 11};
+    req.set(http::field::host, "sidecar");
+    if (!tenant.empty()) req.set("X-Tenant-Id", tenant);
+    if (!key.empty()) req.set("Idempotency-Key", key);
+    req.set(http::field::content_type, "application/json");
+    req.body() = std::move(body);
+    req.prepare_payload();
+    return req;
+  }
+
+  asio::awaitable<server::Response> handle(server::Request req) {
+    server::RequestContext ctx;
+    ctx.peer = asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 40000);
+    ctx.received_at = SteadyClock::now();
+    co_return co_await gw->handle(req, ctx);
+  }
+
+  server::Response call(server::Request req) {
+    std::optional<server::Response> out;
+    asio::co_spawn(ioc, [&]() -> asio::awaitable<void> { out = co_await handle(std::move(req)); },
+                   [](std::exception_ptr e) { if (e) std::rethrow_exception(e); });
+    ioc.restart();
+    ioc.run();
+    REQUIRE(out.has_value());
+    return std::move(*out);
+  }
+
+  std::optional<store::Record> row(std::string_view key, std::string_view tenant = "t1") {
+    std::optional<store::Record> out;
+    asio::co_spawn(ioc, [&]() -> asio::awaitable<void> {
+      // A named id: GCC 12 double-destroys braced temporaries inside co_await expressions.
+      const store::RecordId id{std::string(tenant), "POST /orders", std::string(key)};
+      auto r = co_await store.read(id);
+      REQUIRE(r.has_value());
+      out = *r;
+    }, asio::detached);
+    ioc.restart();
+    ioc.run();
+    return out;
+  }
+
+  system_clock::time_point now = system_clock::now();
+  asio::io_context ioc;
+  store::MemoryStore store{[this] { return now; }};
+  ScriptedUpstream upstream;
+  gateway::WaiterRegistry waiters;
+  obs::Metrics metrics;
+  std::shared_ptr<gateway::RuntimeHolder> holder;
+  std::unique_ptr<gateway::Gateway> gw;
+};
+
+std::string problem_code(const server::Response& res) {
+  const auto& b = res.body();
+  const auto at = b.find("\"code\":\"");
+  if (at == std::string::npos) return {};
+  const auto start = at + 8;
+  return b.substr(start, b.find('"', start) - start);
+}
+
+const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
+
+}  // namespace
+
+TEST_CASE("first request is forwarded with operation id and attempt, then replayed") {
+  Fixture f;
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first["Idempotent-Replayed"].empty());
+  CHECK(first["X-Backend-Seq"] == "1");
+  REQUIRE(f.upstream.calls.size() == 1);
+  const auto& sent = f.upstream.calls.front();
+  CHECK(sent["X-Idempotency-Attempt"] == "1");
+  CHECK(sent["X-Idempotency-Operation-Id"] == idempotency::operation_id("t1", "POST /orders", "k1"));
+  CHECK(sent["Idempotency-Key"] == "k1");
+  CHECK(sent["X-Forwarded-For"] == "127.0.0.1");
+
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->attempt == 1);
+  REQUIRE(row->response);
+  CHECK(row->response->status == 201);
+  CHECK(row->response->resource_id == "/orders/ord-1");
+
+  // Same operation, different formatting, field order and number form: a replay.
+  auto again = f.call(Fixture::order("\"k1\"", R"({ "currency":"EUR", "amount": 1e3, "customer_id":"c1" })"));
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(again.result_int() == 201);
+  CHECK(again.body() == first.body());
+  CHECK(again["Location"] == first["Location"]);
+  CHECK(again["Content-Type"] == "application/json");
+  CHECK(again["Idempotent-Replayed"] == "true");
+  CHECK(again["X-Backend-Seq"].empty());  // not in replay_headers
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::replayed) == 1);
+}
+
+TEST_CASE("an omitted field with a default and an unselected field keep the fingerprint") {
+  Fixture f;
+  f.call(Fixture::order("k1", kBody));
+  auto res = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":1000.0,"note":"x"})"));
+  CHECK(res["Idempotent-Replayed"] == "true");
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+TEST_CASE("same key with a different amount is refused and changes nothing") {
+  Fixture f;
+  f.call(Fixture::order("k1", kBody));
+  const auto before = f.row("k1");
+  auto res = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":1001,"currency":"EUR"})"));
+  CHECK(res.result_int() == 409);
+  CHECK(problem_code(res) == "idempotency_key_reused");
+  CHECK(res[http::field::content_type] == "application/problem+json");
+  CHECK(f.upstream.calls.size() == 1);
+  const auto after = f.row("k1");
+  REQUIRE(after);
+  CHECK(after->fingerprint == before->fingerprint);
+  CHECK(after->attempt == before->attempt);
+  CHECK(after->response->body == before->response->body);
+
+  f.route().mismatch_status = 422;
+  auto res422 = f.call(Fixture::order("k1", R"({"customer_id":"c2","amount":1000})"));
+  CHECK(res422.result_int() == 422);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::key_reused) == 2);
+}
+
+TEST_CASE("tenants are isolated: same key, two operations") {
+  Fixture f;
+  auto a = f.call(Fixture::order("k1", kBody, "tenant-a"));
+  auto b = f.call(Fixture::order("k1", kBody, "tenant-b"));
+  CHECK(a.result_int() == 201);
+  CHECK(b.result_int() == 201);
+  CHECK(b["Idempotent-Replayed"].empty());
+  REQUIRE(f.upstream.calls.size() == 2);
+  CHECK(f.upstream.calls[0]["X-Idempotency-Operation-Id"] !=
+        f.upstream.calls[1]["X-Idempotency-Operation-Id"]);
+  CHECK(f.store.size() == 2);
+}
+
+TEST_CASE("validation failures answer the contract's codes and claim nothing") {
+  Fixture f;
+  struct Case {
+    server::Request req;
+    int status;
+    std::string code;
+  };
+  std::vector<Case> cases;
+  cases.push_back({Fixture::order("k1", kBody, ""), 401, "tenant_missing"});
+  cases.push_back({Fixture::order("", kBody), 400, "idempotency_key_missing"});
+  cases.push_back({Fixture::order("has space\"", kBody), 400, "idempotency_key_invalid"});
+  cases.push_back({Fixture::order(std::string(256, 'k'), kBody), 400, "idempotency_key_invalid"});
+  cases.push_back({Fixture::order("k1", "{not json"), 400, "invalid_json"});
+  auto text = Fixture::order("k1", "hello");
+  text.set(http::field::content_type, "text/plain");
+  cases.push_back({std::move(text), 415, "unsupported_media_type"});
+  auto two_keys = Fixture::order("k1", kBody);
+  two_keys.insert("Idempotency-Key", "k2");
+  cases.push_back({std::move(two_keys), 400, "idempotency_key_invalid"});
+  auto two_tenants = Fixture::order("k1", kBody);
+  two_tenants.insert("X-Tenant-Id", "t2");
+  cases.push_back({std::move(two_tenants), 401, "tenant_missing"});
+
+  for (auto& c : cases) {
+    auto res = f.call(std::move(c.req));
+    CHECK(res.result_int() == c.status);
+    CHECK(problem_code(res) == c.code);
+  }
+  CHECK(f.store.size() == 0);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.metrics.requests("create-order", obs::Outcome::rejected) == cases.size());
+}
+
+TEST_CASE("a key-less request on a non-required route passes through unprotected") {
+  Fixture f;
+  f.route().key.required = false;
+  auto res = f.call(Fixture::order("", kBody));
+  CHECK(res.result_int() == 201);
+  CHECK(f.store.size() == 0);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"].empty());
+}
+
+TEST_CASE("client-supplied operation id and attempt headers never reach the backend") {
+  Fixture f;
+  auto req = Fixture::order("k1", kBody);
+  req.set("X-Idempotency-Operation-Id", "forged");
+  req.set("X-Idempotency-Attempt", "99");
+  f.call(std::move(req));
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Operation-Id"] != "forged");
+
+  server::Request other{http::verb::get, "/health", 11};
+  other.set("X-Idempotency-Attempt", "99");
+  f.call(std::move(other));
+  REQUIRE(f.upstream.calls.size() == 2);
+  CHECK(f.upstream.calls[1].find("X-Idempotency-Attempt") == f.upstream.calls[1].end());
+}
+
+TEST_CASE("upstream 5xx releases the claim; a retry reaches the backend; 422 is stored") {
+  Fixture f;
+  f.upstream.answer_next(503, R"({"error":"busy"})");
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 503);
+  CHECK(res.body() == R"({"error":"busy"})");
+  CHECK(f.store.size() == 0);
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 201);
+  CHECK(f.upstream.calls.size() == 2);
+  CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "1");
+
+  f.upstream.answer_next(422, R"({"error":"coupon expired"})");
+  auto rejected = f.call(Fixture::order("k2", kBody));
+  CHECK(rejected.result_int() == 422);
+  auto replayed = f.call(Fixture::order("k2", kBody));
+  CHECK(replayed.result_int() == 422);
+  CHECK(replayed.body() == R"({"error":"coupon expired"})");
+  CHECK(replayed["Idempotent-Replayed"] == "true");
+  CHECK(f.upstream.calls.size() == 3);
+
+  f.upstream.answer_next(429);
+  f.call(Fixture::order("k3", kBody));
+  CHECK_FALSE(f.row("k3").has_value());
+  CHECK(f.metrics.requests("create-order", obs::Outcome::released) == 2);
+}
+
+TEST_CASE("refused connection releases with 502; timeout expires the lease and a retry takes over") {
+  Fixture f;
+  f.upstream.fail_next(upstream::Failure::connect_failed);
+  auto refused = f.call(Fixture::order("k1", kBody));
+  CHECK(refused.result_int() == 502);
+  CHECK(problem_code(refused) == "upstream_unavailable");
+  CHECK_FALSE(f.row("k1").has_value());
+
+  f.upstream.fail_next(upstream::Failure::timeout);
+  auto timed_out = f.call(Fixture::order("k2", kBody));
+  CHECK(timed_out.result_int() == 504);
+  CHECK(problem_code(timed_out) == "upstream_timeout");
+  auto row = f.row("k2");
+  REQUIRE(row);
+  CHECK(row->state == store::State::in_progress);
+  CHECK(row->lease_expired);
+
+  auto retry = f.call(Fixture::order("k2", kBody));
+  CHECK(retry.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 3);
+  CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "2");
+  CHECK(f.upstream.calls[2]["X-Idempotency-Operation-Id"] ==
+        f.upstream.calls[1]["X-Idempotency-Operation-Id"]);
+  CHECK(f.metrics.takeovers() == 1);
+  auto replay = f.call(Fixture::order("k2", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == retry.body());
+}
+
+TEST_CASE("store unavailable fails closed with 503 and Retry-After, nothing forwarded") {
+  Fixture f;
+  f.store.set_unavailable(true);
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 503);
+  CHECK(problem_code(res) == "idempotency_store_unavailable");
+  CHECK(res[http::field::retry_after] == "1");
+  CHECK(f.upstream.calls.empty());
+  f.store.set_unavailable(false);
+  CHECK(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+}
+
+TEST_CASE("a duplicate waits for an in-process owner and is woken by its completion") {
+  Fixture f;
+  f.route().wait = Millis{10000};
+  f.upstream.hold_next();
+  std::optional<server::Response> owner, dup;
+  std::size_t waiting_seen = 0;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { dup = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    // Let both run until they block: the owner in the upstream, the duplicate in its wait.
+    asio::steady_timer t(f.ioc);
+    const std::string key = std::string("t1") + '\0' + "POST /orders" + '\0' + "k1";
+    for (int i = 0; i < 1000 && f.waiters.waiting(key) == 0; ++i) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    waiting_seen = f.waiters.waiting(key);
+    f.upstream.open_gate();
+  }, asio::detached);
+  f.ioc.run();
+  CHECK(waiting_seen == 1);
+  REQUIRE(owner);
+  REQUIRE(dup);
+  CHECK(owner->result_int() == 201);
+  CHECK(dup->result_int() == 201);
+  CHECK((*dup)["Idempotent-Replayed"] == "true");
+  CHECK(dup->body() == owner->body());
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+TEST_CASE("a duplicate past `wait` gets 409 in progress with Retry-After, then a replay") {
+  Fixture f;
+  f.route().wait = Millis{30};
+  f.route().retry_after = Millis{2500};
+  f.upstream.hold_next();
+  std::optional<server::Response> owner, dup;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    dup = co_await f.handle(Fixture::order("k1", kBody));
+    f.upstream.open_gate();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(dup);
+  CHECK(dup->result_int() == 409);
+  CHECK(problem_code(*dup) == "idempotency_in_progress");
+  CHECK((*dup)[http::field::retry_after] == "3");
+  REQUIRE(owner);
+  CHECK(owner->result_int() == 201);
+  auto later = f.call(Fixture::order("k1", kBody));
+  CHECK(later["Idempotent-Replayed"] == "true");
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::in_progress) == 1);
+}
+
+TEST_CASE("an expired record is replaced and the key starts a new operation") {
+  Fixture f;
+  f.call(Fixture::order("k1", kBody));
+  f.now += std::chrono::hours(2);  // past retention (1h)
+  auto res = f.call(Fixture::order("k1", R"({"customer_id":"c9","amount":5})"));
+  CHECK(res.result_int() == 201);
+  CHECK(res["Idempotent-Replayed"].empty());
+  REQUIRE(f.upstream.calls.size() == 2);
+  CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "2");
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->response->body == res.body());
+}
+
+TEST_CASE("a stale owner's completion is fenced after a takeover") {
+  Fixture f;
+  f.route().lease = Millis{1000};
+  f.upstream.hold_next();
+  std::optional<server::Response> stale, fresh;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { stale = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    asio::steady_timer t(f.ioc);
+    while (f.upstream.calls.empty()) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    f.now += std::chrono::seconds(5);  // the owner looks dead: its lease lapsed
+    fresh = co_await f.handle(Fixture::order("k1", kBody));
+    f.upstream.open_gate();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(fresh);
+  REQUIRE(stale);
+  CHECK(fresh->result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 2);
+  CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "2");
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->attempt == 2);
+  CHECK(row->response->body == fresh->body());
+  CHECK(f.metrics.fenced_writes() >= 1);
+}
+
+TEST_CASE("another principal's key is forbidden") {
+  Fixture f;
+  auto s = std::make_shared<settings::Settings>(f.holder->load()->settings());
+  s->tenant.principal_header = "X-User-Id";
+  f.configure(*s);
+  auto req = Fixture::order("k1", kBody);
+  req.set("X-User-Id", "alice");
+  CHECK(f.call(std::move(req)).result_int() == 201);
+  auto bob = Fixture::order("k1", kBody);
+  bob.set("X-User-Id", "bob");
+  auto res = f.call(std::move(bob));
+  CHECK(res.result_int() == 403);
+  CHECK(problem_code(res) == "idempotency_key_forbidden");
+  auto alice = Fixture::order("k1", kBody);
+  alice.set("X-User-Id", "alice");
+  CHECK(f.call(std::move(alice))["Idempotent-Replayed"] == "true");
+}
+
+TEST_CASE("a response larger than max_stored_body is passed on and replayed without body") {
+  Fixture f;
+  f.upstream.answer_next(201, std::string(4096, 'x'));
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.body().size() == 4096);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replay-Body"] == "omitted");
+  CHECK(replay.body().empty());
+}
+
+TEST_CASE("unmatched routes pass through, or are refused with 404 when configured") {
+  Fixture f;
+  server::Request get{http::verb::get, "/orders/ord-1", 11};
+  auto res = f.call(std::move(get));
+  CHECK(res.result_int() == 201);  // the scripted upstream answers everything with 201
+  CHECK(f.store.size() == 0);
+  CHECK(f.metrics.requests("unmatched", obs::Outcome::passthrough) == 1);
+
+  auto s = f.holder->load()->settings();
+  s.unmatched = settings::Unmatched::reject;
+  f.configure(s);
+  server::Request other{http::verb::get, "/other", 11};
+  auto refused = f.call(std::move(other));
+  CHECK(refused.result_int() == 404);
+  CHECK(problem_code(refused) == "route_not_found");
+  CHECK(f.upstream.calls.size() == 1);
+}
