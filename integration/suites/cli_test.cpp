@@ -1,0 +1,110 @@
+// The command line of contract §2: exit codes, messages that name file, line and key,
+// migrations, masked secrets.
+#include "common.hpp"
+
+using namespace idem::it;
+using namespace idem::it::suite;
+
+namespace {
+
+std::string minimal_config(const std::string& extra = "") {
+  return "listen: \"127.0.0.1:0\"\n"
+         "upstream:\n  url: \"http://127.0.0.1:9\"\n"
+         "database:\n  url: \"postgresql://app:s3cret-pass@127.0.0.1:1/db\"\n" + extra;
+}
+
+std::filesystem::path write(TempDir& dir, const std::string& name, const std::string& text) {
+  return dir.write_file(name, text);
+}
+
+}  // namespace
+
+TEST_CASE("--version and --help succeed; unknown arguments are usage errors") {
+  auto v = run_idemproxy({"--version"});
+  CHECK(v.status.code() == 0);
+  CHECK(v.output.find("idemproxy ") != std::string::npos);
+  CHECK(run_idemproxy({"--help"}).status.code() == 0);
+  CHECK(run_idemproxy({"serve"}).status.code() == 2);
+  CHECK(run_idemproxy({"frobnicate", "--config", "x"}).status.code() == 2);
+}
+
+TEST_CASE("check-config prints the effective config with secrets masked") {
+  TempDir dir("cli");
+  auto path = write(dir, "ok.yaml", minimal_config("admin:\n  token: \"tok-123\"\n"));
+  auto r = run_idemproxy({"check-config", "--config", path.string()});
+  CHECK(r.status.code() == 0);
+  CHECK(r.output.find("s3cret-pass") == std::string::npos);
+  CHECK(r.output.find("tok-123") == std::string::npos);
+  CHECK(r.output.find("****") != std::string::npos);
+  CHECK(r.output.find("max_request_body: 1MiB") != std::string::npos);
+}
+
+TEST_CASE("invalid configuration exits 2 naming the file, line and key") {
+  TempDir dir("cli");
+  auto unknown = write(dir, "unknown.yaml", minimal_config("limits:\n  max_body: 5\n"));
+  auto r = run_idemproxy({"check-config", "--config", unknown.string()});
+  CHECK(r.status.code() == 2);
+  CHECK(r.output.find("unknown.yaml:7") != std::string::npos);
+  CHECK(r.output.find("limits.max_body") != std::string::npos);
+
+  auto bad = write(dir, "bad.yaml", minimal_config(
+      "routes:\n  - name: r\n    method: POST\n    path: /orders\n    lease: 5 seconds\n"));
+  auto b = run_idemproxy({"serve", "--config", bad.string()});
+  CHECK(b.status.code() == 2);
+  CHECK(b.output.find("bad.yaml:10") != std::string::npos);
+  CHECK(b.output.find("routes[0].lease") != std::string::npos);
+
+  auto missing = run_idemproxy({"check-config", "--config", (dir.path() / "absent.yaml").string()});
+  CHECK(missing.status.code() == 2);
+}
+
+TEST_CASE("migrate applies the embedded migrations once and records their checksums") {
+  Db admin(database_url());
+  const auto name = "idem_cli_" + unique("db").substr(3);
+  admin.exec("CREATE DATABASE " + name);
+  struct Drop {
+    Db& db;
+    std::string name;
+    ~Drop() { try { db.exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); } catch (...) {} }
+  } drop{admin, name};
+  const auto url = database_url();
+  const auto slash = url.rfind('/');
+  const auto db_url = url.substr(0, slash + 1) + name;
+
+  TempDir dir("cli");
+  auto cfg = write(dir, "m.yaml",
+                   "listen: \"127.0.0.1:0\"\nupstream:\n  url: \"http://127.0.0.1:9\"\n"
+                   "database:\n  url: \"" + db_url + "\"\n  migrate: check\n");
+  auto first = run_idemproxy({"migrate", "--config", cfg.string()});
+  CHECK(first.status.code() == 0);
+  CHECK(first.output.find("applied migration 1") != std::string::npos);
+  auto second = run_idemproxy({"migrate", "--config", cfg.string()});
+  CHECK(second.status.code() == 0);
+  CHECK(second.output.find("current") != std::string::npos);
+
+  Db db(db_url);
+  CHECK(db.scalar_int("SELECT count(*) FROM idemproxy_schema_migrations WHERE version = 1") == 1);
+  CHECK(db.scalar("SELECT checksum FROM idemproxy_schema_migrations WHERE version = 1")->size() == 64);
+  CHECK(db.scalar_int("SELECT count(*) FROM idempotency_requests") == 0);
+}
+
+TEST_CASE("serve refuses a schema that is behind unless migrate: auto") {
+  Db admin(database_url());
+  const auto name = "idem_cli_" + unique("db").substr(3);
+  admin.exec("CREATE DATABASE " + name);
+  struct Drop {
+    Db& db;
+    std::string name;
+    ~Drop() { try { db.exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); } catch (...) {} }
+  } drop{admin, name};
+  const auto url = database_url();
+  const auto db_url = url.substr(0, url.rfind('/') + 1) + name;
+
+  TempDir dir("cli");
+  auto cfg = write(dir, "s.yaml",
+                   "listen: \"127.0.0.1:0\"\nupstream:\n  url: \"http://127.0.0.1:9\"\n"
+                   "database:\n  url: \"" + db_url + "\"\n  migrate: check\n");
+  auto r = run_idemproxy({"serve", "--config", cfg.string()});
+  CHECK(r.status.code() == 1);
+  CHECK(r.output.find("idemproxy migrate") != std::string::npos);
+}

@@ -1,0 +1,175 @@
+// A crashed or paused owner is harmless: its lease lapses, a retry takes over with a higher
+// attempt token and the same operation id, and the stale owner can no longer write.
+#include <csignal>
+#include <future>
+
+#include "common.hpp"
+
+using namespace idem::it;
+using namespace idem::it::suite;
+
+namespace {
+
+const std::string kOrder = R"({"customer_id":"c-1","amount":1000})";
+
+SidecarOptions crash_options(const TestBackend& backend) {
+  auto o = options_for(backend);
+  o.routes[0].lease = "1s";
+  o.routes[0].wait = "100ms";
+  return o;
+}
+
+void wait_for_lease_expiry(Db& db, const std::string& tenant, const std::string& key) {
+  // The lease is decided by the database clock; poll the row, not our own clock.
+  wait_until([&] {
+    auto row = read_row(db, tenant, key);
+    return row && row->state == "in_progress" && row->lease_expired;
+  }, 10s, "the crashed owner's lease to lapse");
+}
+
+}  // namespace
+
+TEST_CASE("sidecar killed with SIGKILL mid-request: a retry takes over with attempt 2") {
+  TestBackend backend;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto hold = unique("hold");
+  auto a = std::make_unique<Sidecar>(crash_options(backend));
+
+  auto doomed = std::async(std::launch::async, [&] {
+    HttpClient client(a->port());
+    try {
+      client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
+      return false;
+    } catch (const std::exception&) {
+      return true;  // the connection died with the sidecar
+    }
+  });
+  auto first_call = backend.wait_for_call(
+      [&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
+      "the first attempt to reach the backend");
+  a->kill9();
+  CHECK(doomed.get());
+  backend.release(hold);  // the backend finishes its work; nobody is left to hear it
+
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+  CHECK(row->attempt == 1);
+
+  Sidecar b(crash_options(backend));
+  HttpClient client(b.port());
+  wait_for_lease_expiry(db, tenant, key);
+
+  auto retry = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(retry.status == 201);
+  auto calls = calls_for(backend, tenant);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[0].header("X-Idempotency-Attempt") == "1");
+  CHECK(calls[1].header("X-Idempotency-Attempt") == "2");
+  CHECK(calls[1].header("X-Idempotency-Operation-Id") ==
+        first_call.header("X-Idempotency-Operation-Id"));
+
+  row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->attempt == 2);
+  CHECK(row->body == retry.body);
+
+  auto replay = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+  CHECK(replay.body == retry.body);
+  CHECK(calls_for(backend, tenant).size() == 2);
+}
+
+TEST_CASE("a paused owner resumed after a takeover cannot overwrite the new attempt's result") {
+  TestBackend backend;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto hold = unique("hold");
+  Sidecar stale(crash_options(backend));
+  Sidecar fresh(crash_options(backend));
+
+  auto stale_answer = std::async(std::launch::async, [&] {
+    HttpClient client(stale.port());
+    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
+  });
+  backend.wait_for_call([&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
+                        "the stale owner's call to reach the backend");
+  stale.signal(SIGSTOP);  // a long GC pause, a frozen VM: the owner is alive but silent
+  wait_for_lease_expiry(db, tenant, key);
+
+  HttpClient client(fresh.port());
+  auto taken = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(taken.status == 201);
+  const auto after_takeover = read_row(db, tenant, key);
+  REQUIRE(after_takeover);
+  CHECK(after_takeover->state == "completed");
+  CHECK(after_takeover->attempt == 2);
+
+  stale.signal(SIGCONT);
+  backend.release(hold);
+  auto old = stale_answer.get();  // answered only after its (fenced) completion attempt
+  CHECK(old.status == 201);
+  CHECK(old.body != taken.body);  // the backend's answer to attempt 1 went to its own client
+
+  const auto final_row = read_row(db, tenant, key);
+  REQUIRE(final_row);
+  CHECK(final_row->attempt == 2);
+  CHECK(final_row->body == after_takeover->body);
+  CHECK(final_row->state == "completed");
+  CHECK(count_rows(db, tenant) == 1);
+
+  auto replay = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(replay.body == taken.body);
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+  CHECK(stale.log().find("fenced") != std::string::npos);
+}
+
+TEST_CASE("an upstream that times out leaves the outcome unknown: 504, then an immediate takeover") {
+  TestBackend backend;
+  Db db(database_url());
+  auto o = options_for(backend);
+  o.upstream_response_timeout = "300ms";
+  Sidecar sidecar(o);
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto hold = unique("hold");
+  HttpClient client(sidecar.port());
+
+  auto timed_out = client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}));
+  CHECK(timed_out.status == 504);
+  CHECK(problem_code(timed_out) == "upstream_timeout");
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+  CHECK(row->lease_expired);  // expired at once: no need to wait out the lease
+  backend.release(hold);
+
+  auto retry = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(retry.status == 201);
+  auto calls = calls_for(backend, tenant);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[1].header("X-Idempotency-Attempt") == "2");
+  CHECK(calls[1].header("X-Idempotency-Operation-Id") == calls[0].header("X-Idempotency-Operation-Id"));
+}
+
+TEST_CASE("upstream refusing connections: 502, claim released, nothing recorded") {
+  TestBackend backend;
+  Db db(database_url());
+  Sidecar sidecar(options_for(backend));
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  backend.stop();
+  HttpClient client(sidecar.port());
+  auto res = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(res.status == 502);
+  CHECK(problem_code(res) == "upstream_unavailable");
+  CHECK(count_rows(db, tenant) == 0);
+  backend.restart();
+  auto ok = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(ok.status == 201);
+  CHECK(read_row(db, tenant, key)->attempt == 1);
+}
