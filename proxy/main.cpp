@@ -112,11 +112,36 @@ void print_config_error(const settings::ConfigError& e) {
 // fingerprint pointers and defaults). Throws ConfigError.
 std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path) {
   auto s = settings::load_file(path);
-  try {
-    return gateway::Runtime::build(s);
-  } catch (const std::invalid_argument& e) {
-    throw settings::ConfigError(path, 0, "routes", e.what());
+  if (s->workers > s->database.pool_size) {
+    throw settings::ConfigError(path, 0, "database.pool_size",
+                                "must be at least `workers` (" + std::to_string(s->workers) +
+                                    "): every worker needs its own connection");
   }
+  return gateway::Runtime::build(s);
+}
+
+// Listener, upstream, database and workers are bound at start-up. A reload keeps the
+// running values for them (and says so) rather than half-applying a change.
+std::shared_ptr<const gateway::Runtime> reload_runtime(const std::string& path,
+                                                       const settings::Settings& running) {
+  auto loaded = load_runtime(path);
+  auto next = std::make_shared<settings::Settings>(loaded->settings());
+  auto keep = [](std::string_view what, auto& field, const auto& current, bool changed) {
+    if (changed) spdlog::warn("reload: {} changed; it applies only after a restart", what);
+    field = current;
+  };
+  keep("listen", next->listen, running.listen,
+       next->listen.host != running.listen.host || next->listen.port != running.listen.port);
+  keep("upstream", next->upstream, running.upstream, next->upstream.url != running.upstream.url ||
+       next->upstream.connect_timeout != running.upstream.connect_timeout ||
+       next->upstream.response_timeout != running.upstream.response_timeout ||
+       next->upstream.max_response_body != running.upstream.max_response_body);
+  keep("database", next->database, running.database, next->database.url != running.database.url ||
+       next->database.pool_size != running.database.pool_size ||
+       next->database.connect_timeout != running.database.connect_timeout ||
+       next->database.statement_timeout != running.database.statement_timeout);
+  keep("workers", next->workers, running.workers, next->workers != running.workers);
+  return gateway::Runtime::build(std::move(next));
 }
 
 struct Worker {
@@ -217,11 +242,16 @@ int run_serve(const std::string& path) {
   asio::io_context signals_ioc{1};
   asio::signal_set signals(signals_ioc, SIGINT, SIGTERM, SIGHUP);
 
-  const int workers = cfg.workers > 0
-                          ? cfg.workers
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  // pool_size is the process's budget of PostgreSQL connections, split across workers.
-  const auto per_worker_pool = static_cast<std::size_t>(std::max(1, cfg.database.pool_size / workers));
+  // pool_size is the process's budget of PostgreSQL connections, split across workers, so
+  // the default worker count never exceeds it.
+  const int workers =
+      cfg.workers > 0 ? cfg.workers
+                      : std::clamp(static_cast<int>(std::thread::hardware_concurrency()), 1,
+                                   cfg.database.pool_size);
+  auto pool_share = [&](int worker) {
+    const int base = cfg.database.pool_size / workers;
+    return static_cast<std::size_t>(base + (worker < cfg.database.pool_size % workers ? 1 : 0));
+  };
 
   auto holder = std::make_shared<gateway::RuntimeHolder>(runtime);
   auto metrics = std::make_shared<obs::Metrics>();
@@ -235,7 +265,7 @@ int run_serve(const std::string& path) {
       auto w = std::make_unique<Worker>();
       pg::PoolOptions po;
       po.conninfo = cfg.database.url;
-      po.size = per_worker_pool;
+      po.size = pool_share(i);
       po.connect_timeout = cfg.database.connect_timeout;
       po.statement_timeout = cfg.database.statement_timeout;
       po.acquire_timeout = cfg.database.statement_timeout;
@@ -313,7 +343,7 @@ int run_serve(const std::string& path) {
     if (ec) return;
     if (sig == SIGHUP) {
       try {
-        auto next = load_runtime(path);
+        auto next = reload_runtime(path, holder->load()->settings());
         obs::setup_logging(next->settings().log);
         holder->store(std::move(next));
         spdlog::info("configuration reloaded from {}", path);

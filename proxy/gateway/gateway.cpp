@@ -317,6 +317,11 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   const auto& cfg = x.runtime->settings();
   x.outcome = Outcome::rejected;
 
+  const auto key_values = field_values(x.request.base(), rs.key.header);
+  // A key-less request on an optional route is not the store's business: it passes through
+  // unprotected, whatever its tenant header says.
+  if (key_values.empty() && !rs.key.required) co_return co_await pass_through(x);
+
   const auto tenants = field_values(x.request.base(), cfg.tenant.header);
   if (tenants.size() != 1 || !valid_tenant(trim(tenants.front()))) {
     x.code = "tenant_missing";
@@ -327,10 +332,8 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   }
   x.tenant = std::string(trim(tenants.front()));
 
-  const auto key_values = field_values(x.request.base(), rs.key.header);
   auto parsed = idempotency::parse_key(key_values, rs.key.max_length);
   if (parsed.status == idempotency::KeyStatus::missing) {
-    if (!rs.key.required) co_return co_await pass_through(x);
     x.code = "idempotency_key_missing";
     co_return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
                       "this route requires the " + rs.key.header + " header");
@@ -346,7 +349,9 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   {
     idempotency::RequestParts parts;
     parts.method = x.method;
-    parts.scope = rs.scope;
+    const std::string scope_and_path =
+        x.route->templated ? rs.scope + '\n' + x.path : std::string();
+    parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
     if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
       parts.content_type = std::string_view(ct->value());
     parts.body = x.request.body();

@@ -1,5 +1,6 @@
 #include "gateway/router.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace idem::gateway {
@@ -29,14 +30,18 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
   auto rt = std::make_shared<Runtime>();
   rt->settings_ = std::move(s);
   rt->routes_.reserve(rt->settings_->routes.size());
-  for (const auto& route : rt->settings_->routes) {
+  for (std::size_t i = 0; i < rt->settings_->routes.size(); ++i) {
+    const auto& route = rt->settings_->routes[i];
     CompiledRoute compiled;
     compiled.settings = &route;
     compiled.segments = split_path(route.path);
+    compiled.templated = std::any_of(compiled.segments.begin(), compiled.segments.end(),
+                                     [](const std::string& seg) { return is_placeholder(seg); });
     try {
       compiled.fingerprint = idempotency::FingerprintSpec::compile(route.fingerprint);
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument("route '" + route.name + "': " + e.what());
+      throw settings::ConfigError(rt->settings_->source_file, route.source_line,
+                                  "routes[" + std::to_string(i) + "].fingerprint", e.what());
     }
     rt->routes_.push_back(std::move(compiled));
   }

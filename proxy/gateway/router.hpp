@@ -15,6 +15,9 @@ namespace idem::gateway {
 struct CompiledRoute {
   const settings::RouteSettings* settings = nullptr;  // owned by Runtime::settings
   std::vector<std::string> segments;  // path split on '/'; "{...}" = any one segment
+  // A templated path matches many resources: the concrete path then joins the fingerprint,
+  // so one key reused across /accounts/1/... and /accounts/2/... is refused, not replayed.
+  bool templated = false;
   idempotency::FingerprintSpec fingerprint;
 };
 
@@ -22,7 +25,7 @@ struct CompiledRoute {
 // pointer; requests keep the snapshot they started with.
 class Runtime {
  public:
-  // Throws std::invalid_argument when a route cannot be compiled (bad pointer/default).
+  // Throws settings::ConfigError (naming the route's line) when a route cannot be compiled.
   static std::shared_ptr<const Runtime> build(std::shared_ptr<const settings::Settings> s);
 
   const settings::Settings& settings() const noexcept { return *settings_; }

@@ -583,7 +583,12 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   } else {
     lines.key_header = it.line;
   }
-  if (auto v = m.get("fingerprint")) parse_fingerprint(L, *v, r.fingerprint);
+  r.source_line = it.line;
+  if (auto v = m.get("fingerprint")) {
+    // Some fingerprint rules are checked later, when the route is compiled; they point here.
+    r.source_line = v->line;
+    parse_fingerprint(L, *v, r.fingerprint);
+  }
   lines.retention = lines.lease = it.line;
   if (auto v = m.get("retention")) {
     r.retention = L.duration(*v, kOneMs);

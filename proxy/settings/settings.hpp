@@ -119,6 +119,9 @@ struct RouteSettings {
   StoreSettings store;
   std::vector<std::string> replay_headers{"Content-Type", "Location", "ETag"};
   std::size_t max_stored_body = 1u << 20;
+  // Line of the route's fingerprint section (or of the route) in the file, so errors found
+  // when the route is compiled still name a line. 0 when not loaded from a file.
+  int source_line = 0;
 };
 
 struct Settings {

@@ -548,3 +548,31 @@ TEST_CASE("unmatched routes pass through, or are refused with 404 when configure
   CHECK(problem_code(refused) == "route_not_found");
   CHECK(f.upstream.calls.size() == 1);
 }
+
+TEST_CASE("a templated route fingerprints the concrete path: a key reused on another resource is refused") {
+  Fixture f;
+  auto s = f.holder->load()->settings();
+  s.routes.front().path = "/accounts/{account}/orders";
+  s.routes.front().scope = "POST /accounts/{account}/orders";
+  f.configure(s);
+  auto on = [](std::string target) {
+    auto req = Fixture::order("k1", kBody);
+    req.target(target);
+    return req;
+  };
+  CHECK(f.call(on("/accounts/1/orders")).result_int() == 201);
+  CHECK(f.call(on("/accounts/1/orders"))["Idempotent-Replayed"] == "true");
+  auto other = f.call(on("/accounts/2/orders"));
+  CHECK(other.result_int() == 409);
+  CHECK(problem_code(other) == "idempotency_key_reused");
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+TEST_CASE("a key-less request on an optional route passes through even without a tenant") {
+  Fixture f;
+  f.route().key.required = false;
+  auto res = f.call(Fixture::order("", kBody, ""));
+  CHECK(res.result_int() == 201);
+  CHECK(f.store.size() == 0);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::passthrough) == 1);
+}
