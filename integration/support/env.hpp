@@ -1,0 +1,36 @@
+#pragma once
+// What the test run provides through the environment. scripts/test exports all of these;
+// running integration binaries by hand needs at least DATABASE_URL.
+//   DATABASE_URL        a PostgreSQL the tests may write to (a throwaway server)
+//   IDEM_TEST_PGCTL     a script taking start|stop|status for that server (outage tests)
+//   IDEM_TEST_TMPDIR    where temporary directories go (default $TMPDIR, then /tmp)
+//   IDEM_TEST_KEEP_TMP  if set, temporary directories (and child logs) are kept
+//   IDEM_TEST_BACKEND_BIN, IDEMPROXY_BIN  override the binaries the build points at
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "support/wait.hpp"
+
+namespace idem::it {
+
+// The variable's value, or nullopt when unset (an empty value counts as set).
+std::optional<std::string> env(const char* name);
+
+// DATABASE_URL; throws Failure explaining how to provide it when unset or empty.
+std::string database_url();
+
+// Runs "$IDEM_TEST_PGCTL <action>" (start, stop or status) and waits for it; throws
+// Failure with the script's output if it fails or IDEM_TEST_PGCTL is unset. `stop` waits
+// until the server is down, `start` until it accepts connections.
+void pgctl(std::string_view action, Millis timeout = 60s);
+
+std::filesystem::path test_tmp_root();
+
+// The executables under test: the environment variable if set, else the path the build
+// compiled in; throws Failure if neither names an existing file.
+std::string idemproxy_binary();
+std::string test_backend_binary();
+
+}  // namespace idem::it

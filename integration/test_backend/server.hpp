@@ -1,0 +1,34 @@
+#pragma once
+// The test backend's HTTP/1.1 server: one coroutine per connection, keep-alive, on a single
+// io_context thread. Business requests are recorded and answered as their X-Test-* headers
+// ask; paths under /__ are the test's control endpoints (see main.cpp for the list).
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/http/message.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "recorder.hpp"
+
+namespace idem::test_backend {
+
+class Server {
+ public:
+  explicit Server(boost::asio::ip::tcp::acceptor acceptor);
+
+  // Accepts until the io_context stops.
+  boost::asio::awaitable<void> run();
+
+ private:
+  using Request = boost::beast::http::request<boost::beast::http::string_body>;
+  using Response = boost::beast::http::response<boost::beast::http::string_body>;
+
+  boost::asio::awaitable<void> session(boost::asio::ip::tcp::socket socket);
+  // Answers /__ paths; never recorded, so a test's own polling does not show up in calls.
+  Response control(const Request& req);
+
+  boost::asio::ip::tcp::acceptor acceptor_;
+  Recorder recorder_;
+  Holds holds_;
+};
+
+}  // namespace idem::test_backend
