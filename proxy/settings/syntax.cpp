@@ -21,9 +21,16 @@ std::string format_error(const std::string& file, int line, const std::string& k
                          const std::string& message) {
   // "file:line: key: message", the shape compilers use, so editors can jump to the spot.
   std::string out = file.empty() ? std::string("<config>") : file;
-  if (line > 0) out += ":" + std::to_string(line);
+  // Appended piecewise: `":" + std::to_string(line)` trips a GCC 12 -Wrestrict false positive.
+  if (line > 0) {
+    out += ':';
+    out += std::to_string(line);
+  }
   out += ": ";
-  if (!key.empty()) out += key + ": ";
+  if (!key.empty()) {
+    out += key;
+    out += ": ";
+  }
   out += message;
   return out;
 }
