@@ -3,8 +3,11 @@
 // shared port), and handle signals.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -23,6 +26,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "admin/admin.hpp"
 #include "gateway/gateway.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
@@ -141,11 +145,44 @@ std::shared_ptr<const gateway::Runtime> reload_runtime(const std::string& path,
        next->database.connect_timeout != running.database.connect_timeout ||
        next->database.statement_timeout != running.database.statement_timeout);
   keep("workers", next->workers, running.workers, next->workers != running.workers);
+  // The admin listener is bound once too; its token, read per request, does reload.
+  const auto same_endpoint = [](const auto& a, const auto& b) {
+    return a.has_value() == b.has_value() && (!a || (a->host == b->host && a->port == b->port));
+  };
+  keep("admin.listen", next->admin.listen, running.admin.listen,
+       !same_endpoint(next->admin.listen, running.admin.listen));
   return gateway::Runtime::build(std::move(next));
 }
 
+// Bound on each store call the admin listener makes (readiness, record lookups, the
+// scrape-time gauge sample). Probes must answer within their own short timeouts (1s by
+// default in Kubernetes), whatever the database does.
+constexpr Millis kAdminStoreDeadline{1000};
+
+// The admin listener's own limits: its requests are small and its clients few.
+settings::Limits admin_limits() {
+  settings::Limits l;
+  l.max_header_bytes = 16u << 10;
+  l.max_request_body = 4u << 10;  // no admin call has a body
+  l.header_timeout = Millis{5000};
+  l.body_timeout = Millis{5000};
+  l.max_connections = 64;
+  return l;
+}
+
+// An event loop whose pending handlers can be destroyed on demand. At exit, requests the
+// drain cut off are coroutines suspended inside the loop, and their frames reference the
+// gateway, store and admin handler; ~io_context would destroy them only after those are
+// gone. destroy_pending() runs the same shutdown (execution_context::shutdown) while
+// everything still exists; the later destructor finds nothing left to do.
+class WorkerContext : public asio::io_context {
+ public:
+  using asio::io_context::io_context;
+  void destroy_pending() { shutdown(); }
+};
+
 struct Worker {
-  asio::io_context ioc{1};
+  WorkerContext ioc{1};
   std::shared_ptr<pg::Pool> pool;
   std::unique_ptr<store::PgStore> store;
   std::unique_ptr<upstream::Pool> upstream;
@@ -155,32 +192,74 @@ struct Worker {
 };
 
 // Retention: every replica runs this; SKIP LOCKED in the store keeps them from fighting
-// over the same rows. Bounded per tick so a backlog never monopolises the database.
+// over the same rows. Bounded per tick (kMaxBatchesPerTick batches) so a backlog never
+// monopolises a pooled connection or the database: it is worked off over several ticks.
+// A failed batch ends the tick and is counted; the next tick simply tries again.
+constexpr int kMaxBatchesPerTick = 10;
+
 asio::awaitable<void> housekeeping(store::Store& store, obs::Metrics& metrics,
                                    std::shared_ptr<gateway::RuntimeHolder> runtime,
                                    std::shared_ptr<std::atomic<bool>> stopping) {
   asio::steady_timer timer(co_await asio::this_coro::executor);
-  constexpr int kMaxBatchesPerTick = 10;
   while (!stopping->load()) {
+    // Re-read every tick, so a reload changes interval and batch from the next one.
     const auto cfg = runtime->load()->settings().cleanup;
     timer.expires_after(cfg.interval);
     error_code ec;
     co_await timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
     if (stopping->load()) break;
-    for (int i = 0; i < kMaxBatchesPerTick; ++i) {
+
+    std::size_t total = 0;
+    int batches = 0;
+    bool backlog = true;  // until a short batch shows nothing more is due
+    while (batches < kMaxBatchesPerTick) {
+      const auto t0 = SteadyClock::now();
       auto deleted = co_await store.delete_expired(cfg.batch);
+      metrics.store_duration(obs::StoreOp::cleanup,
+                             std::chrono::duration<double>(SteadyClock::now() - t0).count());
       if (!deleted) {
-        metrics.store_error("cleanup");
+        metrics.store_error(obs::store_error_kind(deleted.error()));
+        spdlog::warn("cleanup: deleting expired records failed ({}); retrying next round",
+                     deleted.error().message());
+        backlog = false;  // unknown; the failure is what to report
         break;
       }
+      ++batches;
+      total += *deleted;
       metrics.expired_deleted(*deleted);
-      if (*deleted < cfg.batch) break;
+      if (*deleted < cfg.batch) {
+        backlog = false;
+        break;
+      }
     }
+    if (total > 0) {
+      spdlog::info("cleanup: deleted {} expired records in {} batches of at most {}", total,
+                   batches, cfg.batch);
+    }
+    if (backlog) {
+      spdlog::warn("cleanup: a backlog of expired records remains after {} batches; raise "
+                   "cleanup.batch or lower cleanup.interval if this persists",
+                   kMaxBatchesPerTick);
+    }
+
     auto oldest = co_await store.oldest_in_progress_age();
     if (oldest) {
       metrics.set_in_progress_oldest(
           *oldest ? std::chrono::duration<double>(**oldest).count() : 0.0);
+    } else {
+      metrics.store_error(obs::store_error_kind(oldest.error()));
     }
+  }
+}
+
+void log_task_end(std::string_view what, std::exception_ptr e) noexcept {
+  if (!e) return;
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    spdlog::error("{} stopped by an exception: {}", what, ex.what());
+  } catch (...) {
+    spdlog::error("{} stopped by an unknown exception", what);
   }
 }
 
@@ -306,17 +385,55 @@ int run_serve(const std::string& path) {
       server::ListenerOptions lo;
       lo.endpoint = cfg.listen;
       w->server = std::make_unique<server::Server>(w->ioc, lo, limits, handler, gauge, on_reject);
-      w->server->start();
       pool_of_workers.push_back(std::move(w));
     }
   } catch (const std::exception& e) {
     spdlog::critical("cannot start: {}", e.what());
     return kExitFailure;
   }
+  Worker& first = *pool_of_workers.front();
 
-  asio::co_spawn(pool_of_workers.front()->ioc,
-                 housekeeping(*pool_of_workers.front()->store, *metrics, holder, stopping),
-                 asio::detached);
+  // The admin listener: one acceptor on worker 0's loop, using that worker's store (no
+  // connection beyond pool_size). Declared after the workers so it is destroyed first.
+  std::unique_ptr<admin::Handler> admin_handler;
+  std::unique_ptr<server::Server> admin_server;
+  std::string admin_address = "off";
+  try {
+    if (cfg.admin.listen) {
+      admin::Dependencies ad;
+      ad.store = first.store.get();
+      ad.metrics = metrics.get();
+      ad.readiness = admin::pg_readiness(first.pool, kAdminStoreDeadline);
+      ad.token = [holder] { return holder->load()->settings().admin.token; };
+      ad.store_deadline = kAdminStoreDeadline;
+      admin_handler = std::make_unique<admin::Handler>(std::move(ad));
+      auto* ah = admin_handler.get();
+      server::Handler handler = [ah](server::Request& req, const server::RequestContext& ctx) {
+        return ah->handle(req, ctx);
+      };
+      server::ListenerOptions lo;
+      lo.endpoint = *cfg.admin.listen;
+      // A second process on the same admin port must fail to start, not silently share
+      // the probes and scrapes with this one.
+      lo.reuse_port = false;
+      lo.backlog = 64;
+      // Own gauge: a scraper's keep-alive connection must not hold up the drain.
+      admin_server = std::make_unique<server::Server>(
+          first.ioc, lo, [] { return admin_limits(); }, handler,
+          std::make_shared<server::ConnectionGauge>());
+      // Bound before the request listeners, so a client that finds the main port open
+      // finds the admin port open too.
+      admin_server->start();
+      admin_address = cfg.admin.listen->host + ":" + std::to_string(admin_server->port());
+    }
+    for (auto& w : pool_of_workers) w->server->start();
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot start: {}", e.what());
+    return kExitFailure;
+  }
+
+  asio::co_spawn(first.ioc, housekeeping(*first.store, *metrics, holder, stopping),
+                 [](std::exception_ptr e) { log_task_end("retention cleanup", e); });
 
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
   for (auto& w : pool_of_workers) {
@@ -334,10 +451,16 @@ int run_serve(const std::string& path) {
       }
     });
   }
-  spdlog::info("idemproxy {} listening on {}:{} ({} workers, upstream {}:{})", IDEMPROXY_VERSION,
-               cfg.listen.host, pool_of_workers.front()->server->port(), workers,
-               cfg.upstream.host, cfg.upstream.port);
+  // The database only ever appears masked: the URL may carry a password.
+  spdlog::info("idemproxy {} listening on {}:{} ({} workers, upstream {}:{}, database {}, "
+               "admin {})",
+               IDEMPROXY_VERSION, cfg.listen.host, first.server->port(), workers,
+               cfg.upstream.host, cfg.upstream.port,
+               settings::mask_database_url(cfg.database.url), admin_address);
 
+  // SIGHUP reloads at any time. The first SIGTERM/SIGINT starts the drain; another one
+  // during the drain cuts it short (an operator who asks twice means it).
+  bool cut_short = false;
   std::function<void(const error_code&, int)> on_signal;
   on_signal = [&](const error_code& ec, int sig) {
     if (ec) return;
@@ -352,31 +475,44 @@ int run_serve(const std::string& path) {
       } catch (const std::exception& e) {
         spdlog::error("reload refused, keeping the running configuration: {}", e.what());
       }
-      signals.async_wait(on_signal);
-      return;
+    } else if (!stopping->load()) {
+      spdlog::info("signal {}: draining (no new connections; in-flight requests may take up "
+                   "to limits.drain_timeout)", sig);
+      stopping->store(true);
+      if (admin_handler) admin_handler->set_draining();
+      for (auto& w : pool_of_workers) {
+        asio::post(w->ioc, [srv = w->server.get()] {
+          srv->stop_accepting();
+          srv->close_idle();
+        });
+      }
+    } else {
+      spdlog::warn("signal {} during the drain: stopping now", sig);
+      cut_short = true;
     }
-    spdlog::info("signal {}: draining", sig);
-    stopping->store(true);
-    for (auto& w : pool_of_workers) {
-      asio::post(w->ioc, [srv = w->server.get()] {
-        srv->stop_accepting();
-        srv->close_idle();
-      });
-    }
+    signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
   while (!stopping->load()) signals_ioc.run_one();
 
-  // Let in-flight requests finish, bounded by the longest a request may legitimately take.
-  const auto drain_limit = SteadyClock::now() + cfg.upstream.response_timeout + cfg.database.statement_timeout * 2;
-  asio::steady_timer tick(signals_ioc);
-  while (gauge->open.load() > 0 && SteadyClock::now() < drain_limit) {
-    tick.expires_after(Millis{20});
-    tick.wait();
+  // Let in-flight requests finish, up to limits.drain_timeout as configured when the signal
+  // came. A request cut off here leaves its row in progress with a lease nobody renews: a
+  // retry takes over once the lease lapses (at most `lease` later), with a higher attempt
+  // and the same operation id, exactly as after a crash.
+  const auto drain_deadline = SteadyClock::now() + holder->load()->settings().limits.drain_timeout;
+  while (gauge->open.load() > 0 && !cut_short && SteadyClock::now() < drain_deadline) {
+    const auto left = std::chrono::duration_cast<Millis>(drain_deadline - SteadyClock::now());
+    signals_ioc.run_for(std::clamp(left, Millis{1}, Millis{20}));
   }
-  if (gauge->open.load() > 0) {
-    spdlog::warn("drain limit reached with {} connections open; their rows stay in progress and "
-                 "a retry takes over after the lease", gauge->open.load());
+  if (const auto open = gauge->open.load(); open > 0) {
+    spdlog::warn("drain ended with {} connections still open; their records stay in progress "
+                 "and a retry takes over once the lease lapses", open);
+  } else {
+    spdlog::info("drained: every in-flight request has been answered");
+  }
+  if (admin_server) {
+    admin_server->stop_accepting();
+    admin_server->close_idle();
   }
   for (auto& w : pool_of_workers) {
     asio::post(w->ioc, [w = w.get()] {
@@ -387,6 +523,7 @@ int run_serve(const std::string& path) {
   guards.clear();
   for (auto& w : pool_of_workers) w->ioc.stop();
   for (auto& w : pool_of_workers) w->thread.join();
+  for (auto& w : pool_of_workers) w->ioc.destroy_pending();
   spdlog::info("stopped");
   spdlog::shutdown();
   return kExitOk;

@@ -170,6 +170,7 @@ std::string sidecar_config(const SidecarOptions& o) {
   put(limits, "  ", "body_timeout", o.body_timeout, true);
   put(limits, "  ", "idle_timeout", o.idle_timeout, true);
   put_int(limits, "  ", "max_connections", o.max_connections);
+  put(limits, "  ", "drain_timeout", o.drain_timeout, true);
   if (!limits.str().empty()) {
     out << "limits:\n" << limits.str();
   }

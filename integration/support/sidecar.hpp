@@ -76,6 +76,7 @@ struct SidecarOptions {
   std::string body_timeout;
   std::string idle_timeout;
   std::optional<int> max_connections;
+  std::string drain_timeout;  // limits.drain_timeout (SIGTERM drain bound)
 
   std::string admin_listen;  // always written; empty disables the admin listener
   std::string admin_token;

@@ -51,6 +51,13 @@ std::string_view to_string(StoreOp op) noexcept {
   return "unknown";
 }
 
+std::string_view store_error_kind(const error_code& ec) noexcept {
+  if (ec == errc::store_timeout) return "timeout";
+  if (ec == errc::store_busy) return "busy";
+  if (ec == errc::store_unavailable) return "unavailable";
+  return "protocol";
+}
+
 namespace {
 
 constexpr auto kRelaxed = std::memory_order_relaxed;

@@ -7,6 +7,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/errors.hpp"
+
 namespace idem::obs {
 
 // idemproxy_requests_total{route,outcome}: the contract's outcomes.
@@ -28,6 +30,10 @@ std::string_view to_string(Outcome o) noexcept;
 enum class StoreOp { claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup };
 constexpr int kStoreOpCount = 10;
 std::string_view to_string(StoreOp op) noexcept;
+
+// The idemproxy_store_errors_total{kind} label for a failed store call: "unavailable",
+// "timeout", "busy" or "protocol" (errc::store_* and anything unexpected).
+std::string_view store_error_kind(const error_code& ec) noexcept;
 
 class Metrics {
  public:

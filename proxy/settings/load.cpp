@@ -386,7 +386,17 @@ void parse_upstream(const Loader& L, const Item& it, UpstreamSettings& u) {
   if (auto v = m.get("max_response_body")) u.max_response_body = L.size(*v, 1, GiB);
 }
 
+// A section written as a single value is reported without quoting it (the generic message
+// quotes it): a database URL or token pasted where the mapping belongs carries a secret.
+void refuse_secret_scalar(const Loader& L, const Item& it, std::string_view keys) {
+  if (it.node.IsScalar()) {
+    L.fail(it, "expected a mapping (" + std::string(keys) +
+                   "), got a single value (not shown: it may hold a secret)");
+  }
+}
+
 void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
+  refuse_secret_scalar(L, it, "url, pool_size, ...");
   Map m(L, it, {"url", "pool_size", "connect_timeout", "statement_timeout", "migrate"});
   const auto url = m.required("url");
   d.url = L.text(url);
@@ -419,7 +429,7 @@ void parse_tenant(const Loader& L, const Item& it, TenantSettings& t) {
 
 void parse_limits(const Loader& L, const Item& it, Limits& l) {
   Map m(L, it, {"max_header_bytes", "max_request_body", "header_timeout", "body_timeout",
-                "idle_timeout", "max_connections"});
+                "idle_timeout", "max_connections", "drain_timeout"});
   // A request line plus a handful of headers does not fit in less than 1KiB.
   if (auto v = m.get("max_header_bytes")) l.max_header_bytes = L.size(*v, KiB, MiB);
   if (auto v = m.get("max_request_body")) l.max_request_body = L.size(*v, 1, GiB);
@@ -429,9 +439,12 @@ void parse_limits(const Loader& L, const Item& it, Limits& l) {
   if (auto v = m.get("max_connections")) {
     l.max_connections = static_cast<std::size_t>(L.integer(*v, 1, 1'000'000));
   }
+  // Zero is allowed: exit as soon as the listeners are closed, cutting off whatever runs.
+  if (auto v = m.get("drain_timeout")) l.drain_timeout = L.duration(*v, Millis{0});
 }
 
 void parse_admin(const Loader& L, const Item& it, AdminSettings& a) {
+  refuse_secret_scalar(L, it, "listen, token");
   Map m(L, it, {"listen", "token"});
   if (auto v = m.get("listen")) {
     const auto s = L.text(*v);

@@ -292,6 +292,7 @@ std::string render_effective(const Settings& s) {
   line(2, "body_timeout", format_duration(s.limits.body_timeout));
   line(2, "idle_timeout", format_duration(s.limits.idle_timeout));
   line(2, "max_connections", std::to_string(s.limits.max_connections));
+  line(2, "drain_timeout", format_duration(s.limits.drain_timeout));
 
   section(0, "admin");
   line(2, "listen", yaml_quote(s.admin.listen ? detail::format_endpoint(*s.admin.listen) : ""));

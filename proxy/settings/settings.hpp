@@ -53,6 +53,9 @@ struct Limits {
   Millis body_timeout{30000};
   Millis idle_timeout{75000};
   std::size_t max_connections = 10000;
+  // After SIGTERM: how long requests already in flight may take to finish before the
+  // process exits anyway. Read when the signal arrives, so a reload applies to it.
+  Millis drain_timeout{30000};
 };
 
 struct AdminSettings {

@@ -4,6 +4,8 @@
 #include <map>
 #include <memory>
 #include <stdexcept>
+#include <string_view>
+#include <vector>
 
 #include <libpq-fe.h>
 #include <openssl/evp.h>
@@ -44,7 +46,41 @@ std::string trimmed_message(const char* msg) {
   return s;
 }
 
+// The password values in `conninfo`, to scrub from libpq's messages. libpq's parser quotes
+// the text it could not parse (a bad percent-escape, a keyword without '='), which in a
+// malformed URL may be the password itself: such errors are reported without its text.
+std::vector<std::string> conninfo_secrets(const std::string& conninfo) {
+  char* parse_error = nullptr;
+  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
+  if (parsed == nullptr) {
+    if (parse_error != nullptr) PQfreemem(parse_error);
+    throw std::runtime_error(
+        "database.url is neither a valid libpq URI nor valid conninfo (check its quoting and "
+        "percent-encoding; libpq's own message is not shown because it may quote the password)");
+  }
+  std::vector<std::string> secrets;
+  for (const PQconninfoOption* o = parsed; o->keyword != nullptr; ++o) {
+    const std::string_view key = o->keyword;
+    if ((key == "password" || key == "sslpassword") && o->val != nullptr && *o->val != '\0') {
+      secrets.emplace_back(o->val);
+    }
+  }
+  PQconninfoFree(parsed);
+  return secrets;
+}
+
+std::string scrubbed(std::string message, const std::vector<std::string>& secrets) {
+  for (const auto& secret : secrets) {
+    for (auto at = message.find(secret); at != std::string::npos; at = message.find(secret, at)) {
+      message.replace(at, secret.size(), "****");
+      at += 4;
+    }
+  }
+  return message;
+}
+
 ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
+  const auto secrets = conninfo_secrets(conninfo);
   // libpq's connect_timeout is whole seconds (and at least 2 in effect); round up so a
   // sub-second setting still bounds the wait. Later keywords override the expanded
   // conninfo, so this one wins over a connect_timeout inside the URL.
@@ -58,7 +94,7 @@ ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
   if (!conn) throw std::runtime_error("cannot connect to PostgreSQL: out of memory");
   if (PQstatus(conn.get()) != CONNECTION_OK) {
     throw std::runtime_error("cannot connect to PostgreSQL: " +
-                             trimmed_message(PQerrorMessage(conn.get())));
+                             scrubbed(trimmed_message(PQerrorMessage(conn.get())), secrets));
   }
   // CREATE TABLE IF NOT EXISTS and friends raise NOTICEs that would go to stderr.
   PQsetNoticeProcessor(conn.get(), &discard_notice, nullptr);

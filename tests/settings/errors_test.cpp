@@ -238,3 +238,14 @@ TEST_CASE("the message has the file:line: key: shape") {
   const ConfigError no_key("f.yaml", 3, "", "YAML syntax error: x");
   CHECK(no_key.full_message() == "f.yaml:3: YAML syntax error: x");
 }
+
+TEST_CASE("a secret-bearing section written as one value is refused without echoing it") {
+  const auto db = failure("upstream: {url: \"http://h\"}\ndatabase: \"postgresql://u:s3cr3t@h/db\"\n");
+  CHECK(db.key == "database");
+  CHECK(db.line == 2);
+  CHECK(db.what.find("expected a mapping") != std::string::npos);
+  CHECK(db.what.find("s3cr3t") == std::string::npos);
+  const auto admin = failure(kMinimal + "admin: t0ps3cr3t\n");
+  CHECK(admin.key == "admin");
+  CHECK(admin.what.find("t0ps3cr3t") == std::string::npos);
+}

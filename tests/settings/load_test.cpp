@@ -161,6 +161,7 @@ TEST_CASE("an omitted key takes the documented default") {
   CHECK(s->tenant.header == "X-Tenant-Id");
   CHECK(s->limits.max_header_bytes == 16u << 10);
   CHECK(s->limits.max_connections == 10000);
+  CHECK(s->limits.drain_timeout == Millis(30000));
   REQUIRE(s->admin.listen.has_value());
   CHECK(s->admin.listen->port == 9901);
   CHECK(s->log.format == LogFormat::json);
@@ -409,4 +410,13 @@ TEST_CASE("YAML merge keys share settings between routes") {
   CHECK(f.what.find("did you mean 'lease'?") != std::string::npos);
   CHECK(failure(kMinimal + "routes:\n  - <<: 5\n    name: b\n").what.find("'<<' merges a mapping") !=
         std::string::npos);
+}
+
+TEST_CASE("limits.drain_timeout: a duration, zero allowed") {
+  CHECK(load(kMinimal + "limits:\n  drain_timeout: 45s\n")->limits.drain_timeout == Millis(45000));
+  CHECK(load(kMinimal + "limits:\n  drain_timeout: 0s\n")->limits.drain_timeout == Millis(0));
+  CHECK_CONFIG_ERROR(kMinimal + "limits:\n  drain_timeout: -1s\n", 6, "limits.drain_timeout",
+                     "negative");
+  CHECK_CONFIG_ERROR(kMinimal + "limits:\n  drain_timeout: soon\n", 6, "limits.drain_timeout",
+                     "invalid duration");
 }

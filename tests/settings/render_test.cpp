@@ -34,6 +34,7 @@ void check_same(const Settings& a, const Settings& b) {
   CHECK(a.limits.body_timeout == b.limits.body_timeout);
   CHECK(a.limits.idle_timeout == b.limits.idle_timeout);
   CHECK(a.limits.max_connections == b.limits.max_connections);
+  CHECK(a.limits.drain_timeout == b.limits.drain_timeout);
   CHECK(a.admin.listen.has_value() == b.admin.listen.has_value());
   if (a.admin.listen && b.admin.listen) {
     CHECK(a.admin.listen->host == b.admin.listen->host);
@@ -101,6 +102,7 @@ limits:
   body_timeout: 4s
   idle_timeout: 5s
   max_connections: 77
+  drain_timeout: 1500ms
 admin:
   listen: ""
 log:
@@ -202,7 +204,7 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
            "  pool_size: 8\n", "  connect_timeout: 5s\n", "  statement_timeout: 2s\n", "  migrate: check\n",
            "  header: \"X-Tenant-Id\"\n", "  principal_header: \"\"\n", "  max_header_bytes: 16KiB\n",
            "  max_request_body: 1MiB\n", "  header_timeout: 10s\n", "  body_timeout: 30s\n",
-           "  idle_timeout: 75s\n", "  max_connections: 10000\n", "  listen: \"127.0.0.1:9901\"\n",
+           "  idle_timeout: 75s\n", "  max_connections: 10000\n", "  drain_timeout: 30s\n", "  listen: \"127.0.0.1:9901\"\n",
            "  level: info\n", "  format: json\n", "  interval: 1m\n", "  batch: 1000\n", "unmatched: pass\n",
            "  - name: \"r\"\n", "    method: \"POST\"\n", "    path: \"/orders\"\n", "    scope: \"POST /orders\"\n",
            "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",

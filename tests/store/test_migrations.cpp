@@ -152,3 +152,24 @@ TEST_CASE("an unreachable database throws") {
   CHECK_THROWS_AS(apply_migrations("host=127.0.0.1 port=1 user=postgres dbname=x", Millis{1000}),
                   std::runtime_error);
 }
+
+TEST_CASE("connection errors never quote the password") {
+  auto message_of = [](const std::string& url) {
+    try {
+      check_schema(url, Millis{1000});
+    } catch (const std::runtime_error& e) {
+      return std::string(e.what());
+    }
+    FAIL("check_schema did not throw");
+    return std::string();
+  };
+  // libpq's own parser would quote the malformed escape, password and all.
+  const auto bad_uri = message_of("postgresql://u:pa%zzS3CRET@127.0.0.1:1/db");
+  CHECK(bad_uri.find("S3CRET") == std::string::npos);
+  CHECK(bad_uri.find("database.url") != std::string::npos);
+  const auto bad_conninfo = message_of("host=127.0.0.1 port=1 password=S3CRET dbname");
+  CHECK(bad_conninfo.find("S3CRET") == std::string::npos);
+  const auto refused = message_of("host=127.0.0.1 port=1 user=postgres password=S3CRET dbname=x");
+  CHECK(refused.find("S3CRET") == std::string::npos);
+  CHECK(refused.find("cannot connect to PostgreSQL") != std::string::npos);
+}
