@@ -1,0 +1,592 @@
+#include "order_api.hpp"
+
+#include <chrono>
+#include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/string.hpp>
+#include <boost/json/array.hpp>
+#include <boost/json/parse.hpp>
+#include <spdlog/spdlog.h>
+
+#include "order_request.hpp"
+
+namespace idem::demo {
+
+// What the sidecar (or a direct caller) told us in headers.
+struct OrderApi::Arrival {
+  enum class Fault { none, rollback, crash_after_commit, delay_after_commit };
+
+  std::string tenant;
+  std::optional<std::string> operation_id;
+  std::int64_t attempt = 0;  // 0: no sidecar in front (no operation id)
+  Millis demo_delay{0};
+  Fault fault = Fault::none;
+  Millis fault_delay{0};
+};
+
+// One order as stored; every answer about an order is built from this, never from the
+// request, so the first answer and every later one are the same bytes.
+struct OrderApi::OrderRow {
+  std::string order_id;
+  std::string tenant_id;
+  std::optional<std::string> checkout_id;
+  std::string customer_id;
+  std::string currency;
+  std::int64_t amount = 0;
+  std::int64_t discount = 0;
+  std::int64_t total = 0;
+  std::optional<std::string> coupon;
+  std::string items_json;
+  std::string created_at;
+  std::int64_t attempt = 0;
+  bool operation_expired = false;
+};
+
+namespace {
+
+using Arrival = OrderApi::Arrival;
+using OrderRow = OrderApi::OrderRow;
+using namespace std::chrono_literals;
+
+// ---------------------------------------------------------------------------- SQL
+// Every statement addresses orders by tenant: an order id or operation id from another
+// tenant finds nothing. Times are decided by PostgreSQL's clock (now()), the same clock
+// the sidecar uses for its records.
+
+constexpr const char* kOrderByOperation = "order_by_operation";
+constexpr const char* kRetireOperation = "retire_operation";
+constexpr const char* kRecordAttempt = "record_attempt";
+constexpr const char* kCoupon = "coupon";
+constexpr const char* kCreateOrder = "create_order";
+constexpr const char* kCreateOrderThenFail = "create_order_then_fail";
+constexpr const char* kOrderByCheckout = "order_by_checkout";
+constexpr const char* kOrderById = "order_by_id";
+
+// Column order is the contract with decode_order(). created_at is rendered by the
+// database, once, so every answer about an order shows the same text.
+constexpr std::string_view kOrderColumns = R"sql(
+  order_id::text, tenant_id, checkout_id, customer_id, currency, amount, discount, total,
+  coupon, items::text,
+  to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+  attempt, coalesce(operation_expires_at <= now(), false))sql";
+
+constexpr std::string_view kOrderByOperationWhere =
+    " FROM demo_orders.orders WHERE tenant_id = $1 AND operation_id = $2";
+
+// The retention of the operation passed: the id now belongs to whatever new operation the
+// sidecar forwards under it. The old order keeps it for audits in retired_operation_id.
+// Guarded by the expiry so that two arrivals racing here retire it once.
+constexpr const char* kRetireOperationSql = R"sql(
+UPDATE demo_orders.orders
+SET retired_operation_id = operation_id, operation_id = NULL
+WHERE tenant_id = $1 AND operation_id = $2 AND operation_expires_at <= now())sql";
+
+// A later attempt of the operation reached us: remember it, and keep the operation id
+// valid for a full retention from now (the sidecar may take over again until its own
+// record expires). "attempt < $3" is the fence: a straggler of an older attempt matches
+// nothing and changes nothing.
+constexpr const char* kRecordAttemptSql = R"sql(
+UPDATE demo_orders.orders
+SET attempt = $3::bigint,
+    operation_expires_at = GREATEST(operation_expires_at,
+                                    now() + $4::bigint * interval '1 millisecond')
+WHERE tenant_id = $1 AND operation_id = $2 AND attempt < $3::bigint)sql";
+
+constexpr const char* kCouponSql =
+    "SELECT percent_off, expires_at <= now() FROM demo_orders.coupons WHERE code = $1";
+
+// The order and its event in one statement, which PostgreSQL runs as one transaction:
+// both rows commit, or neither does. ON CONFLICT DO NOTHING without a target covers both
+// unique constraints (operation id and checkout); a loser gets no row back and finds out
+// which one it hit in new statements (each sees the winner's commit under READ COMMITTED).
+// The event carries what the relay needs, so the relay never reads the orders table.
+constexpr std::string_view kCreateOrderCte = R"sql(
+WITH new_order AS (
+  INSERT INTO demo_orders.orders
+    (tenant_id, operation_id, operation_expires_at, attempt, checkout_id,
+     customer_id, currency, amount, discount, total, coupon, items)
+  VALUES ($1, $2::text,
+          CASE WHEN $2::text IS NULL THEN NULL
+               ELSE now() + $3::bigint * interval '1 millisecond' END,
+          $4::bigint, $5, $6, $7, $8::bigint, $9::bigint, $8::bigint - $9::bigint,
+          $10, $11::jsonb)
+  ON CONFLICT DO NOTHING
+  RETURNING *
+), created_event AS (
+  INSERT INTO demo_orders.outbox (tenant_id, order_id, event_type, payload)
+  SELECT tenant_id, order_id, 'OrderCreated',
+         jsonb_build_object('order_id', order_id, 'customer_id', customer_id,
+                            'currency', currency, 'total', total, 'items', items)
+  FROM new_order
+)
+)sql";
+
+// Fault injection only (X-Fault: rollback): the same statement, whose result then fails
+// on purpose. The error comes after both INSERTs ran, from a value only the inserted row
+// has (so the planner cannot raise it early), and aborts the statement: PostgreSQL rolls
+// back the order and its event, exactly as a failure before COMMIT would.
+constexpr std::string_view kFailAfterInsert =
+    "SELECT ('fault injection: failing before the commit of order ' || order_id)::bigint "
+    "FROM new_order";
+constexpr std::string_view kInjectedFailureSqlstate = "22P02";  // invalid_text_representation
+
+constexpr const char* kOrderByCheckoutSql =
+    "SELECT order_id::text FROM demo_orders.orders WHERE tenant_id = $1 AND checkout_id = $2";
+
+constexpr std::string_view kOrderByIdWhere =
+    " FROM demo_orders.orders WHERE order_id = $1::uuid AND tenant_id = $2";
+
+// ------------------------------------------------------------------------- helpers
+
+constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+
+asio::awaitable<void> sleep_for(Millis duration) {
+  asio::steady_timer timer(co_await asio::this_coro::executor, duration);
+  co_await timer.async_wait(use_tuple);
+}
+
+std::optional<std::string> optional_text(const pg::Result& r, int row, int col) {
+  if (r.is_null(row, col)) return std::nullopt;
+  return std::string(r.value(row, col));
+}
+
+std::optional<OrderRow> decode_order(const pg::Result& r, int row) {
+  if (r.columns() != 13) return std::nullopt;
+  OrderRow o;
+  o.order_id = r.value(row, 0);
+  o.tenant_id = r.value(row, 1);
+  o.checkout_id = optional_text(r, row, 2);
+  o.customer_id = r.value(row, 3);
+  o.currency = r.value(row, 4);
+  const auto amount = r.int64(row, 5);
+  const auto discount = r.int64(row, 6);
+  const auto total = r.int64(row, 7);
+  o.coupon = optional_text(r, row, 8);
+  o.items_json = r.value(row, 9);
+  o.created_at = r.value(row, 10);
+  const auto attempt = r.int64(row, 11);
+  const auto expired = r.boolean(row, 12);
+  if (!amount || !discount || !total || !attempt || !expired) return std::nullopt;
+  o.amount = *amount;
+  o.discount = *discount;
+  o.total = *total;
+  o.attempt = *attempt;
+  o.operation_expired = *expired;
+  return o;
+}
+
+json::value nullable(const std::optional<std::string>& s) {
+  return s ? json::value(*s) : json::value(nullptr);
+}
+
+// The order as clients see it. No operation id or attempt: those differ between attempts
+// of one operation, and every attempt must answer with the same bytes.
+json::object order_json(const OrderRow& o) {
+  // jsonb hands the items back with its own member order; rebuild them in the documented one.
+  json::array items;
+  boost::system::error_code ec;
+  const json::value stored = json::parse(o.items_json, ec);
+  if (!ec && stored.is_array()) {
+    for (const auto& item : stored.get_array()) {
+      if (const auto* fields = item.if_object()) {
+        json::object out;
+        if (const auto* sku = fields->if_contains("sku")) out["sku"] = *sku;
+        if (const auto* qty = fields->if_contains("qty")) out["qty"] = *qty;
+        items.push_back(std::move(out));
+      }
+    }
+  }
+  json::object body;
+  body["order_id"] = o.order_id;
+  body["checkout_id"] = nullable(o.checkout_id);
+  body["customer_id"] = o.customer_id;
+  body["currency"] = o.currency;
+  body["amount"] = o.amount;
+  body["discount"] = o.discount;
+  body["total"] = o.total;
+  body["coupon"] = nullable(o.coupon);
+  body["items"] = std::move(items);
+  body["status"] = "created";
+  body["created_at"] = o.created_at;
+  return body;
+}
+
+// 201 for the attempt that created the order and for every later attempt that finds it:
+// a re-executed attempt must be indistinguishable from the first, or the client could
+// tell that a crash happened in between.
+Response created(const Request& req, const OrderRow& o) {
+  Response res = json_response(req, http::status::created, order_json(o));
+  res.set(http::field::location, "/orders/" + o.order_id);
+  return res;
+}
+
+Response rejection(const Request& req, const Rejection& r) {
+  return problem(req, static_cast<http::status>(r.status), r.code, r.title, r.detail);
+}
+
+// The database did not answer (or not as expected). Nothing was committed that a retry
+// could duplicate: a retry finds the order through the operation id if it was. 503 is
+// not recorded by the sidecar, which releases the key so the client can retry.
+Response unavailable(const Request& req, pg::Pool& pool, const error_code& ec) {
+  spdlog::error("order-api: database call failed: {} ({})", ec.message(),
+                pool.last_error_message());
+  Response res = problem(req, http::status::service_unavailable, "store_unavailable",
+                         "Order store unavailable",
+                         "the order database could not be reached; retry with the same key");
+  res.set(http::field::retry_after, "1");
+  return res;
+}
+
+bool is_lower_hex(std::string_view s) {
+  for (const char c : s) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+// "application/json", in any case, with or without parameters such as charset.
+bool is_json(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
+  return beast::iequals(type, "application/json");
+}
+
+std::string short_id(const std::optional<std::string>& id) {
+  return id ? id->substr(0, 12) : std::string("-");
+}
+
+// The request's headers, checked. A Response means the request is refused.
+std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiOptions& options) {
+  Arrival a;
+  bool repeated = false;
+  const auto tenant = single_header(req, "X-Tenant-Id", &repeated);
+  if (!tenant || repeated || !is_token(*tenant, 255)) {
+    return problem(req, http::status::unauthorized, "tenant_missing", "Tenant missing",
+                   "X-Tenant-Id must be set once, to 1-255 visible ASCII characters");
+  }
+  a.tenant = std::string(*tenant);
+
+  // Set by the sidecar, which removes any value a client sent. Without it (a direct call)
+  // the order is still protected by checkout_id, not by an idempotency key.
+  if (const auto op = single_header(req, "X-Idempotency-Operation-Id", &repeated)) {
+    const auto attempt_text = single_header(req, "X-Idempotency-Attempt");
+    const std::int64_t attempt = attempt_text ? parse_int(*attempt_text).value_or(0) : 0;
+    if (repeated || op->size() != 64 || !is_lower_hex(*op) || attempt < 1) {
+      return problem(req, http::status::bad_request, "invalid_request",
+                     "Invalid idempotency headers",
+                     "X-Idempotency-Operation-Id must be 64 lowercase hex characters and "
+                     "X-Idempotency-Attempt a positive integer");
+    }
+    a.operation_id = std::string(*op);
+    a.attempt = attempt;
+  }
+
+  // Part of the demo, not a fault: it makes "in progress" visible with curl.
+  if (const auto delay = single_header(req, "X-Demo-Delay-Ms")) {
+    const auto ms = parse_int(*delay);
+    if (!ms || Millis(*ms) > options.max_demo_delay) {
+      return problem(req, http::status::bad_request, "invalid_request", "Invalid demo delay",
+                     "X-Demo-Delay-Ms must be an integer from 0 to " +
+                         std::to_string(options.max_demo_delay.count()));
+    }
+    a.demo_delay = Millis(*ms);
+  }
+
+  // Fault switches: honoured only when the process was started with
+  // --enable-fault-injection, which scripts/demo never passes. Otherwise the header is
+  // ignored (and logged), so a stray header can never break the demo.
+  if (const auto fault = single_header(req, "X-Fault")) {
+    if (!options.fault_injection) {
+      spdlog::warn("order-api: ignoring X-Fault: fault injection is not enabled");
+      return a;
+    }
+    constexpr std::string_view delay_prefix = "delay-after-commit=";
+    if (*fault == "rollback") {
+      a.fault = Arrival::Fault::rollback;
+    } else if (*fault == "crash-after-commit") {
+      a.fault = Arrival::Fault::crash_after_commit;
+    } else if (fault->starts_with(delay_prefix)) {
+      const auto ms = parse_int(fault->substr(delay_prefix.size()));
+      if (!ms || *ms > 60'000) {
+        return problem(req, http::status::bad_request, "invalid_fault", "Invalid fault",
+                       "delay-after-commit takes milliseconds, at most 60000");
+      }
+      a.fault = Arrival::Fault::delay_after_commit;
+      a.fault_delay = Millis(*ms);
+    } else {
+      return problem(req, http::status::bad_request, "invalid_fault", "Invalid fault",
+                     "X-Fault: rollback | crash-after-commit | delay-after-commit=<ms>");
+    }
+  }
+  return a;
+}
+
+// ------------------------------------------------------------------ store calls
+
+// The order an earlier attempt of this operation created, if its retention has not
+// passed. An order whose operation expired has its id retired here, so that the insert
+// that follows can reuse it for the new operation.
+asio::awaitable<result<std::optional<OrderRow>>> find_operation(pg::Pool& pool, const Arrival& a) {
+  std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id)};
+  auto r = co_await pool.execute(kOrderByOperation, std::move(params));
+  if (!r) co_return r.error();
+  if (r->rows() == 0) co_return std::optional<OrderRow>{};
+  auto row = decode_order(*r, 0);
+  if (!row) co_return make_error_code(pg::errc::protocol);
+  if (!row->operation_expired) co_return std::optional<OrderRow>{std::move(*row)};
+
+  spdlog::info(
+      "order-api: operation {} of tenant {} passed its retention; order {} keeps it "
+      "as retired, this request is a new operation",
+      short_id(a.operation_id), a.tenant, row->order_id);
+  std::vector<pg::Param> retire{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id)};
+  auto retired = co_await pool.execute(kRetireOperation, std::move(retire));
+  if (!retired) co_return retired.error();
+  co_return std::optional<OrderRow>{};
+}
+
+// An earlier attempt of this operation created `row`: answer with it. A later attempt is
+// recorded (the fence for stragglers, and a fresh retention for the operation id). An
+// earlier one changes nothing and gets the same answer: it is a straggler of an attempt the
+// sidecar already superseded (which the sidecar fences), or a fresh claim after the sidecar
+// released the key on a 5xx (attempts restart at 1); the order is the right answer to both.
+asio::awaitable<Response> answer_existing(pg::Pool& pool, const OrderApiOptions& options,
+                                          const Request& req, const Arrival& a,
+                                          const OrderRow& row) {
+  if (a.attempt > row.attempt) {
+    const std::string attempt = std::to_string(a.attempt);
+    const std::string retention = std::to_string(options.operation_retention.count());
+    std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id),
+                                  pg::Param::text(attempt), pg::Param::text(retention)};
+    auto updated = co_await pool.execute(kRecordAttempt, std::move(params));
+    if (!updated) co_return unavailable(req, pool, updated.error());
+    spdlog::info("order-api: attempt {} of operation {} found order {} (created by attempt {})",
+                 a.attempt, short_id(a.operation_id), row.order_id, row.attempt);
+  } else if (a.attempt < row.attempt) {
+    spdlog::warn(
+        "order-api: stale attempt {} of operation {} (order {} is at attempt {}): "
+        "nothing changed",
+        a.attempt, short_id(a.operation_id), row.order_id, row.attempt);
+  }
+  co_return created(req, row);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------- OrderApi
+
+OrderApi::OrderApi(std::shared_ptr<pg::Pool> pool, OrderApiOptions options)
+    : pool_(std::move(pool)), options_(options) {}
+
+std::vector<pg::PreparedStatement> OrderApi::statements() {
+  const std::string select_order = "SELECT " + std::string(kOrderColumns);
+  const std::string create(kCreateOrderCte);
+  return {
+      {kOrderByOperation, select_order + std::string(kOrderByOperationWhere)},
+      {kRetireOperation, kRetireOperationSql},
+      {kRecordAttempt, kRecordAttemptSql},
+      {kCoupon, kCouponSql},
+      {kCreateOrder, create + select_order + " FROM new_order"},
+      {kCreateOrderThenFail, create + std::string(kFailAfterInsert)},
+      {kOrderByCheckout, kOrderByCheckoutSql},
+      {kOrderById, select_order + std::string(kOrderByIdWhere)},
+  };
+}
+
+asio::awaitable<Response> OrderApi::handle(Request& req) {
+  const auto started = SteadyClock::now();
+  std::string_view path = req.target();
+  path = path.substr(0, path.find('?'));
+
+  Response res;
+  if (path == "/orders") {
+    if (req.method() == http::verb::post) {
+      res = co_await create(req);
+    } else {
+      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
+                    "Method not allowed", "use POST to create an order");
+      res.set(http::field::allow, "POST");
+    }
+  } else if (path.starts_with("/orders/") && path.size() > 8 &&
+             path.find('/', 8) == std::string_view::npos) {
+    if (req.method() == http::verb::get) {
+      res = co_await get(req, path.substr(8));
+    } else {
+      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
+                    "Method not allowed", "orders are read with GET");
+      res.set(http::field::allow, "GET");
+    }
+  } else if (path == "/healthz" && req.method() == http::verb::get) {
+    res = json_response(req, http::status::ok, json::object{{"status", "ok"}});
+  } else {
+    res = problem(req, http::status::not_found, "not_found", "Not found",
+                  "no such resource on the order API");
+  }
+
+  // One line per request. Tenant and ids, never bodies.
+  const auto elapsed =
+      std::chrono::duration_cast<std::chrono::microseconds>(SteadyClock::now() - started);
+  const auto op = single_header(req, "X-Idempotency-Operation-Id");
+  spdlog::info("order-api: {} {} -> {} in {:.1f} ms (tenant {}, operation {}, attempt {})",
+               std::string(req.method_string()), std::string(path), res.result_int(),
+               static_cast<double>(elapsed.count()) / 1000.0,
+               std::string(single_header(req, "X-Tenant-Id").value_or("-")),
+               op ? std::string(op->substr(0, 12)) : std::string("-"),
+               std::string(single_header(req, "X-Idempotency-Attempt").value_or("-")));
+  co_return res;
+}
+
+asio::awaitable<Response> OrderApi::create(Request& req) {
+  auto arrival = read_arrival(req, options_);
+  if (auto* refused = std::get_if<Response>(&arrival)) co_return std::move(*refused);
+  const Arrival& a = std::get<Arrival>(arrival);
+
+  if (const auto type = single_header(req, "Content-Type"); type && !is_json(*type)) {
+    co_return problem(req, http::status::unsupported_media_type, "unsupported_media_type",
+                      "Unsupported media type", "send the order as application/json");
+  }
+  auto parsed = parse_order_request(req.body());
+  if (auto* refused = std::get_if<Rejection>(&parsed)) co_return rejection(req, *refused);
+  const OrderRequest& order = std::get<OrderRequest>(parsed);
+
+  if (a.demo_delay > Millis::zero()) co_await sleep_for(a.demo_delay);
+
+  // Does this operation already have its order? Before any time- or data-dependent rule,
+  // so that a retry after a lost answer gets the order, not a rule that changed since.
+  if (a.operation_id) {
+    auto existing = co_await find_operation(*pool_, a);
+    if (!existing) co_return unavailable(req, *pool_, existing.error());
+    if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, **existing);
+  }
+
+  std::int64_t discount = 0;
+  if (order.coupon) {
+    std::vector<pg::Param> params{pg::Param::text(*order.coupon)};
+    auto coupon = co_await pool_->execute(kCoupon, std::move(params));
+    if (!coupon) co_return unavailable(req, *pool_, coupon.error());
+    if (coupon->rows() == 0) {
+      co_return problem(req, http::status::unprocessable_entity, "coupon_unknown", "Unknown coupon",
+                        "no coupon with this code exists");
+    }
+    const auto percent = coupon->int64(0, 0);
+    const auto expired = coupon->boolean(0, 1);
+    if (!percent || !expired) {
+      co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+    }
+    if (*expired) {
+      co_return problem(req, http::status::unprocessable_entity, "coupon_expired", "Coupon expired",
+                        "the coupon " + *order.coupon + " has expired");
+    }
+    discount = order.amount * *percent / 100;
+  }
+
+  const std::string retention = std::to_string(options_.operation_retention.count());
+  const std::string attempt = std::to_string(a.attempt);
+  const std::string amount = std::to_string(order.amount);
+  const std::string discount_text = std::to_string(discount);
+  const std::string items = items_json(order.items);
+  const auto optional_param = [](const std::optional<std::string>& s) {
+    return s ? pg::Param::text(*s) : pg::Param::null_value();
+  };
+  const bool fail_before_commit = a.fault == Arrival::Fault::rollback;
+
+  // Two rounds at most: a conflict whose row is gone by the time we look (its operation
+  // retired in between) is retried once; anything stranger is reported as unavailable.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<pg::Param> params{pg::Param::text(a.tenant),
+                                  optional_param(a.operation_id),
+                                  pg::Param::text(retention),
+                                  pg::Param::text(attempt),
+                                  optional_param(order.checkout_id),
+                                  pg::Param::text(order.customer_id),
+                                  pg::Param::text(order.currency),
+                                  pg::Param::text(amount),
+                                  pg::Param::text(discount_text),
+                                  optional_param(order.coupon),
+                                  pg::Param::text(items)};
+    auto inserted = co_await pool_->execute(
+        fail_before_commit ? kCreateOrderThenFail : kCreateOrder, std::move(params));
+    if (!inserted) {
+      if (fail_before_commit && pg::sqlstate(inserted.error()) == kInjectedFailureSqlstate) {
+        spdlog::warn("order-api: fault injection: the order was written and rolled back");
+        co_return problem(req, http::status::internal_server_error, "injected_fault",
+                          "Injected fault", "fault injection: rolled back before commit");
+      }
+      co_return unavailable(req, *pool_, inserted.error());
+    }
+
+    if (inserted->rows() == 1) {
+      auto row = decode_order(*inserted, 0);
+      if (!row) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+      // Committed. Faults that strike between the commit and the answer:
+      if (a.fault == Arrival::Fault::crash_after_commit) {
+        spdlog::warn("order-api: fault injection: crashing after the commit of order {}",
+                     row->order_id);
+        spdlog::default_logger()->flush();
+        std::_Exit(kCrashExitCode);
+      }
+      if (a.fault == Arrival::Fault::delay_after_commit) {
+        co_await sleep_for(a.fault_delay);
+      }
+      co_return created(req, *row);
+    }
+
+    // Lost a uniqueness race. The operation first: a concurrent attempt of the same
+    // operation made the order (only possible around a takeover).
+    if (a.operation_id) {
+      auto existing = co_await find_operation(*pool_, a);
+      if (!existing) co_return unavailable(req, *pool_, existing.error());
+      if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, **existing);
+    }
+    if (order.checkout_id) {
+      std::vector<pg::Param> by_checkout{pg::Param::text(a.tenant),
+                                         pg::Param::text(*order.checkout_id)};
+      auto other = co_await pool_->execute(kOrderByCheckout, std::move(by_checkout));
+      if (!other) co_return unavailable(req, *pool_, other.error());
+      if (other->rows() == 1) {
+        const std::string existing_id(other->value(0, 0));
+        json::object extra{{"order_id", existing_id}, {"checkout_id", *order.checkout_id}};
+        co_return problem(req, http::status::conflict, "checkout_already_ordered",
+                          "Checkout already ordered",
+                          "checkout " + *order.checkout_id + " already has order " + existing_id +
+                              "; a checkout is ordered at most once",
+                          std::move(extra));
+      }
+    }
+  }
+  co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+}
+
+asio::awaitable<Response> OrderApi::get(Request& req, std::string_view id) {
+  bool repeated = false;
+  const auto tenant = single_header(req, "X-Tenant-Id", &repeated);
+  if (!tenant || repeated || !is_token(*tenant, 255)) {
+    co_return problem(req, http::status::unauthorized, "tenant_missing", "Tenant missing",
+                      "X-Tenant-Id must be set once, to 1-255 visible ASCII characters");
+  }
+  // Another tenant's order and no order at all answer the same: existence is not leaked.
+  const auto not_found = [&] {
+    return problem(req, http::status::not_found, "order_not_found", "Order not found",
+                   "no order with this id for this tenant");
+  };
+  if (!is_uuid(id)) co_return not_found();
+  const std::string order_id(id);
+  const std::string tenant_id(*tenant);
+  std::vector<pg::Param> params{pg::Param::text(order_id), pg::Param::text(tenant_id)};
+  auto r = co_await pool_->execute(kOrderById, std::move(params));
+  if (!r) co_return unavailable(req, *pool_, r.error());
+  if (r->rows() == 0) co_return not_found();
+  auto row = decode_order(*r, 0);
+  if (!row) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+  co_return json_response(req, http::status::ok, order_json(*row));
+}
+
+}  // namespace idem::demo

@@ -1,0 +1,66 @@
+#pragma once
+// The reference order API behind the sidecar:
+//
+//   POST /orders        create an order and its OrderCreated outbox event, atomically
+//   GET  /orders/{id}   read an order; only the tenant that owns it may see it
+//   GET  /healthz       liveness
+//
+// What makes it safe to re-execute (docs/demo.md has the full story):
+//   * the forwarded X-Idempotency-Operation-Id is unique per tenant in `orders`, so an
+//     attempt that reaches the API again (after a sidecar crash and takeover, or after an
+//     answer that got lost) finds the order it created and returns it, byte for byte;
+//   * the attempt (X-Idempotency-Attempt) is stored with the order, and an arrival with a
+//     lower one changes nothing;
+//   * checkout_id is unique per tenant forever: a second order for one checkout is refused
+//     with 409 checkout_already_ordered naming the existing order, whatever the key;
+//   * the order, its outbox event and both uniqueness checks are one INSERT statement, so
+//     they commit together or not at all; payments and inventory happen after commit,
+//     through the outbox (relay.hpp).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+
+#include "http_util.hpp"
+#include "pg/pool.hpp"
+
+namespace idem::demo {
+
+struct OrderApiOptions {
+  // How long an operation id keeps meaning "this operation": from the order's creation,
+  // extended by every later attempt. Set it to the sidecar route's `retention`: after
+  // that the sidecar treats the same key (and so the same operation id) as a new
+  // operation, and so must the API.
+  Millis operation_retention{24LL * 3600 * 1000};
+  // Honour X-Fault request headers (tests only; see fault handling in order_api.cpp).
+  bool fault_injection = false;
+  // Upper bound of X-Demo-Delay-Ms, the demo's "slow backend" switch.
+  Millis max_demo_delay{30'000};
+};
+
+// Exit status of the process when a test asks it to crash after commit.
+inline constexpr int kCrashExitCode = 99;
+
+class OrderApi {
+ public:
+  OrderApi(std::shared_ptr<pg::Pool> pool, OrderApiOptions options);
+
+  // Prepared on every pooled connection (pg::PoolOptions::statements).
+  static std::vector<pg::PreparedStatement> statements();
+
+  // The HTTP handler (http_server.hpp). Never throws for expected conditions.
+  asio::awaitable<Response> handle(Request& req);
+
+  struct Arrival;  // what the request's headers say; defined in order_api.cpp
+  struct OrderRow;
+
+ private:
+  asio::awaitable<Response> create(Request& req);
+  asio::awaitable<Response> get(Request& req, std::string_view id);
+
+  std::shared_ptr<pg::Pool> pool_;
+  OrderApiOptions options_;
+};
+
+}  // namespace idem::demo

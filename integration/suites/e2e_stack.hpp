@@ -1,0 +1,127 @@
+#pragma once
+// The whole reference stack for end-to-end suites, as real processes on real PostgreSQL:
+//
+//   client ─▶ idemproxy ─▶ order API ─(outbox)─▶ relay ─▶ payments, inventory
+//
+// Each test builds its own OrderStack (a few hundred milliseconds) and uses fresh tenants,
+// since the database is shared with every other suite: rows are always counted per tenant.
+// The backend processes run with --enable-fault-injection, so tests can steer them with
+// X-Fault headers and the services' /_faults endpoint (docs/demo.md lists them).
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "support/harness.hpp"
+
+namespace idem::it::e2e {
+
+// IDEM_ORDER_BACKEND_BIN, else the path the build compiled in.
+std::string order_backend_binary();
+
+// One `idem_order_backend <command>` process. Servers listen on 127.0.0.1 and report their
+// port ("LISTENING <port>"); the relay reports "RELAY RUNNING".
+class BackendProcess {
+ public:
+  BackendProcess(std::string command, std::vector<std::string> args);
+  ~BackendProcess();
+  BackendProcess(BackendProcess&&) noexcept;
+  BackendProcess& operator=(BackendProcess&&) noexcept;
+
+  std::uint16_t port() const { return port_; }  // 0 for the relay
+  std::string url() const;                      // http://127.0.0.1:<port>
+
+  // Starts the process again with the same arguments, on the same port (after a crash).
+  void restart();
+  // SIGKILL and reap.
+  void kill();
+  bool running();
+  Process& process() { return *process_; }
+  std::string log_tail(std::size_t lines = 40) const;
+
+ private:
+  void start();
+
+  std::string command_;
+  std::vector<std::string> args_;
+  std::uint16_t port_ = 0;
+  std::unique_ptr<Process> process_;
+};
+
+struct StackOptions {
+  // The route's retention, also given to the API as --operation-retention (they must agree).
+  std::string retention = "24h";
+  std::string lease = "1s";
+  std::string wait = "300ms";
+  // The relay sends every delivery twice (fault injection).
+  bool deliver_twice = false;
+};
+
+// The sidecar route of config/demo.yaml, with the test's timings.
+RouteOptions order_route(const StackOptions& options);
+
+class OrderStack {
+ public:
+  explicit OrderStack(StackOptions options = {});
+  ~OrderStack();
+
+  BackendProcess& payments() { return *payments_; }
+  BackendProcess& inventory() { return *inventory_; }
+  BackendProcess& api() { return *api_; }
+  BackendProcess& relay() { return *relay_; }
+  Sidecar& sidecar() { return *sidecar_; }
+
+  // A client of the sidecar (each thread needs its own).
+  HttpClient client() { return HttpClient(sidecar_->port()); }
+  // A client of the order API itself, bypassing the sidecar.
+  HttpClient api_client() { return HttpClient(api_->port()); }
+
+ private:
+  StackOptions options_;
+  std::unique_ptr<BackendProcess> payments_;
+  std::unique_ptr<BackendProcess> inventory_;
+  std::unique_ptr<BackendProcess> api_;
+  std::unique_ptr<BackendProcess> relay_;
+  std::unique_ptr<Sidecar> sidecar_;
+};
+
+// What one tenant left in PostgreSQL, across idemproxy's table and the three services.
+struct Counts {
+  std::int64_t orders = 0;
+  std::int64_t idempotency_rows = 0;
+  std::int64_t idempotency_completed = 0;
+  std::int64_t outbox = 0;
+  std::int64_t outbox_delivered = 0;
+  std::int64_t charges = 0;
+  std::int64_t reservations = 0;
+};
+Counts counts(Db& db, const std::string& tenant);
+
+// Waits until the relay marked `events` outbox events of the tenant delivered (and none is
+// dead), then returns the counts. The relay is asynchronous: never assert its effects
+// without this.
+Counts wait_for_delivery(Db& db, const std::string& tenant, std::int64_t events,
+                         Millis timeout = 15s);
+
+// A valid order body; `checkout` empty: none.
+std::string order_body(const std::string& checkout = "", std::int64_t amount = 1000,
+                       const std::string& coupon = "");
+
+// A string member of a JSON body ("" when absent or not a string).
+std::string json_member(const std::string& body, const std::string& member);
+inline std::string json_string(const HttpResponse& res, const std::string& member) {
+  return json_member(res.body, member);
+}
+
+// The tenant's orders as stored, oldest first.
+struct OrderRow {
+  std::string order_id;
+  std::int64_t attempt = 0;
+  std::optional<std::string> operation_id;
+  std::optional<std::string> retired_operation_id;
+  std::optional<std::string> checkout_id;
+};
+std::vector<OrderRow> orders_of(Db& db, const std::string& tenant);
+
+}  // namespace idem::it::e2e
