@@ -6,6 +6,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -155,6 +156,9 @@ asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, St
 // Renews the owner's lease every lease/3 while the upstream call runs, so a slow but
 // healthy backend is not mistaken for a crashed owner. Lives in its own coroutine so the
 // forward is never delayed by a renewal round trip.
+// Nearly every upstream call ends long before its first renewal is due, so the keeper
+// starts as a bare timer; the renewal coroutine (a frame and a spawn per request) only
+// exists for the calls that outlast lease/3.
 struct LeaseKeeper {
   explicit LeaseKeeper(asio::any_io_executor ex) : timer(std::move(ex)) {}
   void stop() {
@@ -168,37 +172,42 @@ struct LeaseKeeper {
 std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
                                                 std::int64_t attempt, Millis lease) {
   auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
-  auto* store = deps.store;
-  auto* metrics = deps.metrics;
-  asio::co_spawn(
-      deps.executor,
-      [keeper, store, metrics, id = std::move(id), attempt, lease]() -> asio::awaitable<void> {
-        const Millis period = std::max(Millis{50}, lease / 3);
-        while (!keeper->stopped) {
-          keeper->timer.expires_after(period);
-          error_code ec;
-          co_await keeper->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-          if (keeper->stopped) co_return;
-          const auto t0 = SteadyClock::now();
-          auto renewed = co_await store->renew(id, attempt, lease);
-          metrics->store_duration(StoreOp::renew, seconds_since(t0));
-          if (keeper->stopped) co_return;  // completion won the race: nothing to renew
-          if (!renewed) {
-            // Transient: the next tick tries again; if the store stays away the lease
-            // lapses and a retry takes over, which the attempt token makes safe.
-            metrics->store_error(store_error_kind(renewed.error()));
-            continue;
-          }
-          if (!*renewed) {
-            // A newer attempt owns the row: our completion will be fenced too.
-            metrics->fenced_write();
-            spdlog::warn("lease renewal fenced: attempt {} no longer owns the record", attempt);
-            co_return;
-          }
-          metrics->lease_renewal();
-        }
-      },
-      asio::detached);
+  const Millis period = std::max(Millis{50}, lease / 3);
+  auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), attempt,
+                   lease, period]() -> asio::awaitable<void> {
+    // The first renewal is due now: the timer below has already waited one period.
+    for (bool due = true; !keeper->stopped; due = false) {
+      if (!due) {
+        keeper->timer.expires_after(period);
+        error_code ec;
+        co_await keeper->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+        if (keeper->stopped) co_return;
+      }
+      const auto t0 = SteadyClock::now();
+      auto renewed = co_await store->renew(id, attempt, lease);
+      metrics->store_duration(StoreOp::renew, seconds_since(t0));
+      if (keeper->stopped) co_return;  // completion won the race: nothing to renew
+      if (!renewed) {
+        // Transient: the next tick tries again; if the store stays away the lease
+        // lapses and a retry takes over, which the attempt token makes safe.
+        metrics->store_error(store_error_kind(renewed.error()));
+        continue;
+      }
+      if (!*renewed) {
+        // A newer attempt owns the row: our completion will be fenced too.
+        metrics->fenced_write();
+        spdlog::warn("lease renewal fenced: attempt {} no longer owns the record", attempt);
+        co_return;
+      }
+      metrics->lease_renewal();
+    }
+  };
+  keeper->timer.expires_after(period);
+  keeper->timer.async_wait(
+      [keeper, renewals = std::move(renewals)](const error_code& ec) mutable {
+        if (ec || keeper->stopped) return;
+        asio::co_spawn(keeper->timer.get_executor(), std::move(renewals), asio::detached);
+      });
   return keeper;
 }
 
@@ -249,7 +258,9 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   rec.attempt = x.attempt;
   rec.key_hash = x.key_hash;
   rec.code = x.code;
-  obs::log_access(rec);
+  // The line joins the others of this pass of the event loop; the first one of a pass
+  // schedules the write of them all (one write(2) for many requests under load).
+  if (obs::log_access_batched(rec)) asio::post(deps_.executor, [] { obs::flush_access_log(); });
   co_return res;
 }
 
@@ -293,7 +304,11 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
       chain += v;
     }
     if (!chain.empty()) chain += ", ";
-    chain += x.context.peer.address().to_string();
+    if (x.context.peer_address.empty()) {
+      chain += x.context.peer.address().to_string();
+    } else {
+      chain += x.context.peer_address;
+    }
     up.set("X-Forwarded-For", chain);
   }
   if (attempt > 0) {
@@ -408,14 +423,28 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   if (!claimed) co_return store_unavailable(claimed.error());
   if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
 
+  // A store that read the row together with the claim (one round trip) hands it over;
+  // otherwise the first round reads it.
+  std::optional<std::optional<store::Record>> prefetched;
+  if (claimed->row_read) prefetched.emplace(std::move(claimed->row));
   // Registered before the first read so an owner in this process that finishes between
-  // our read and our wait still wakes us.
+  // our read and our wait still wakes us. The claim's own read came before this, so a
+  // "wait" decided on it is not trusted: that round reads again (see Action::wait).
   Waiter waiter(*deps_.waiters, x.waiter_key, deps_.executor);
+  bool read_before_waiter = prefetched.has_value();
   const auto wait_deadline = SteadyClock::now() + rs.wait;
   Millis poll = kFirstPoll;
 
   for (int round = 0; round < kMaxRounds; ++round) {
-    auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id));
+    std::optional<result<std::optional<store::Record>>> fetched;
+    if (prefetched) {
+      fetched.emplace(std::move(*prefetched));
+      prefetched.reset();
+    } else {
+      read_before_waiter = false;
+      fetched.emplace(co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id)));
+    }
+    auto& row = *fetched;
     if (!row) co_return store_unavailable(row.error());
 
     idempotency::Situation sit;
@@ -435,6 +464,10 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
         claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
         if (!claimed) co_return store_unavailable(claimed.error());
         if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
+        if (claimed->row_read) {
+          prefetched.emplace(std::move(claimed->row));
+          read_before_waiter = false;  // this claim, and its read, came after the waiter
+        }
         continue;
       }
       case Action::replace_expired: {
@@ -478,6 +511,12 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
         co_return replay(*(*row)->response, x);
       }
       case Action::wait: {
+        // The owner may have finished between the claim's read and the waiter's
+        // registration, and its wake-up gone to nobody: look again before sleeping.
+        if (read_before_waiter) {
+          read_before_waiter = false;
+          continue;
+        }
         auto until = std::min(wait_deadline, SteadyClock::now() + poll);
         // Wake when the owner's lease runs out, to take over without waiting a full poll.
         const auto lease_left = (*row)->lease_remaining;

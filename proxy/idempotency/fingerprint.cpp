@@ -446,9 +446,15 @@ std::string log_hash(std::string_view tenant, std::string_view key) {
 }
 
 std::string sha256_hex(std::string_view data) {
+  // Fetched once: EVP_sha256() makes every EVP_Digest look the algorithm up in the
+  // provider store again (OpenSSL 3's implicit fetch), which cost more than hashing
+  // these short inputs (three per protected request). Never freed: it lives as long as
+  // the process, and OpenSSL's own cleanup at exit does not need it back.
+  static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1 || len != 32) {
+  if (sha256 == nullptr ||
+      EVP_Digest(data.data(), data.size(), md, &len, sha256, nullptr) != 1 || len != 32) {
     // Only a broken OpenSSL installation (no SHA-256 provider) or memory exhaustion
     // gets here. Returning anything would risk equal fingerprints for different
     // requests, i.e. replaying someone else's response; stopping is the safe failure.

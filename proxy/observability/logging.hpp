@@ -37,6 +37,17 @@ struct AccessRecord {
 
 void log_access(const AccessRecord& r);
 
+// For event-loop threads: like log_access, but when lines go to stderr the line is
+// appended to this thread's buffer instead of written at once, and the result says
+// whether the buffer was empty before, i.e. whether the caller must arrange for one
+// flush_access_log() call on this same thread soon (the gateway posts it to its event
+// loop, so the lines of one pass of the loop go out in one write(2)). The buffer is also
+// written when it grows past 32 KiB and when the thread exits. Returns false when the
+// line was written at once (other sinks, or filtered out).
+bool log_access_batched(const AccessRecord& r);
+// Writes this thread's buffered access lines, if any.
+void flush_access_log() noexcept;
+
 // JSON string escaping used by the json format (exposed for tests): the content between
 // the quotes, without the quotes; invalid UTF-8 becomes U+FFFD.
 std::string json_escape(std::string_view s);

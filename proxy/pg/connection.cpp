@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include <boost/asio/deferred.hpp>
+#include <boost/container/small_vector.hpp>
 #include <boost/asio/experimental/parallel_group.hpp>
 #include <boost/asio/redirect_error.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -19,20 +20,33 @@ namespace {
 void discard_notice(void*, const char*) {}
 
 // Text parameters must be NUL-terminated for libpq, and string_views are not: they are
-// copied here. Binary parameters (bytea) are passed in place with their length.
+// copied here, all into one buffer (one allocation per statement, not one per value).
+// Binary parameters (bytea) are passed in place with their length. Not movable once
+// built: `values` points into `text`.
 struct ParamBuffers {
-  std::vector<std::string> text;
-  std::vector<const char*> values;
-  std::vector<int> lengths;
-  std::vector<int> formats;
+  static constexpr std::size_t kInline = 12;  // more than any statement of the store has
+  std::string text;
+  boost::container::small_vector<const char*, kInline> values;
+  boost::container::small_vector<int, kInline> lengths;
+  boost::container::small_vector<int, kInline> formats;
+
+  ParamBuffers() = default;
+  ParamBuffers(const ParamBuffers&) = delete;
+  ParamBuffers& operator=(const ParamBuffers&) = delete;
 
   error_code build(const std::vector<Param>* params) {
     if (!params) return {};
-    const std::size_t n = params->size();
-    text.reserve(n);
-    values.reserve(n);
-    lengths.reserve(n);
-    formats.reserve(n);
+    std::size_t text_bytes = 0;
+    for (const Param& p : *params) {
+      if (p.null || p.binary) continue;
+      // The text protocol ends values at NUL; a silent truncation would store
+      // something other than what the caller passed.
+      if (p.value.find('\0') != std::string_view::npos) {
+        return make_error_code(errc::invalid_parameter);
+      }
+      text_bytes += p.value.size() + 1;
+    }
+    text.reserve(text_bytes);  // never reallocated below: the pointers stay valid
     for (const Param& p : *params) {
       if (p.null) {
         values.push_back(nullptr);
@@ -44,13 +58,10 @@ struct ParamBuffers {
         lengths.push_back(static_cast<int>(p.value.size()));
         formats.push_back(1);
       } else {
-        // The text protocol ends values at NUL; a silent truncation would store
-        // something other than what the caller passed.
-        if (p.value.find('\0') != std::string_view::npos) {
-          return make_error_code(errc::invalid_parameter);
-        }
-        text.emplace_back(p.value);
-        values.push_back(text.back().c_str());
+        const std::size_t at = text.size();
+        text.append(p.value);
+        text.push_back('\0');
+        values.push_back(text.data() + at);
         lengths.push_back(0);
         formats.push_back(0);
       }
@@ -459,6 +470,33 @@ asio::awaitable<error_code> Connection::flush() {
   }
 }
 
+asio::awaitable<error_code> Connection::receive() {
+  // wait(Wait::read) and PQconsumeInput folded into one coroutine: the result loops below
+  // take whole results synchronously and suspend only here, once per network read, which
+  // keeps coroutine frames off the per-result path.
+  if (timed_out_) co_return make_error_code(errc::timeout);
+  error_code ec;
+  co_await socket_.async_wait(asio::posix::stream_descriptor::wait_read,
+                              asio::redirect_error(asio::use_awaitable, ec));
+  if (timed_out_) {
+    broken_ = true;
+    error_message_ = "client-side deadline passed";
+    co_return make_error_code(errc::timeout);
+  }
+  if (ec == asio::error::operation_aborted) {
+    broken_ = true;
+    error_message_ = "call cancelled";
+    co_return make_error_code(errc::cancelled);
+  }
+  if (ec) {
+    broken_ = true;
+    error_message_ = "socket wait failed: " + ec.message();
+    co_return make_error_code(errc::connection_lost);
+  }
+  if (PQconsumeInput(conn_) != 1) co_return lost("cannot read from the server");
+  co_return error_code{};
+}
+
 asio::awaitable<result<::pg_result*>> Connection::next_result() {
   // PQgetResult would block while a result is incomplete: only call it when PQisBusy
   // says the buffered input holds a whole one (or the command is finished).
@@ -498,10 +536,12 @@ asio::awaitable<result<Result>> Connection::collect_results() {
   Result kept;
   error_code first_error;
   for (;;) {
-    auto next = co_await next_result();
-    if (!next) co_return next.error();
-    if (*next == nullptr) break;
-    Result r(*next);
+    while (PQisBusy(conn_) != 0) {
+      if (auto ec = co_await receive()) co_return ec;
+    }
+    ::pg_result* next = PQgetResult(conn_);
+    if (next == nullptr) break;
+    Result r(next);
     switch (PQresultStatus(r.native())) {
       case PGRES_TUPLES_OK:
       case PGRES_COMMAND_OK:
@@ -553,10 +593,134 @@ asio::awaitable<result<Result>> Connection::run(const Command& command, Millis d
   result<Result> out = make_error_code(errc::protocol);
   if (sent != 1) {
     out = lost("cannot send the statement");
-  } else if (auto ec = co_await flush()) {
-    out = ec;
   } else {
-    out = co_await collect_results();
+    // Nearly always one PQflush empties libpq's buffer into the socket; only a full
+    // kernel buffer needs flush()'s waiting loop (and a coroutine frame).
+    error_code ec;
+    const int flushed = PQflush(conn_);
+    if (flushed < 0) {
+      ec = lost("cannot send to the server");
+    } else if (flushed > 0) {
+      ec = co_await flush();
+    }
+    if (ec) {
+      out = ec;
+    } else {
+      out = co_await collect_results();
+    }
+  }
+  disarm_deadline();
+  in_call_ = false;
+  co_return out;
+}
+
+asio::awaitable<result<std::vector<Result>>> Connection::collect_pipeline(std::size_t commands) {
+  // Each command yields its result (or an error, or PGRES_PIPELINE_ABORTED once an
+  // earlier one failed) and then a null; the sync point's result closes the pipeline.
+  std::vector<Result> kept(commands);
+  error_code first_error;
+  for (std::size_t i = 0; i < commands; ++i) {
+    for (;;) {
+      while (PQisBusy(conn_) != 0) {
+        if (auto ec = co_await receive()) co_return ec;
+      }
+      ::pg_result* next = PQgetResult(conn_);
+      if (next == nullptr) break;
+      Result r(next);
+      switch (PQresultStatus(r.native())) {
+        case PGRES_TUPLES_OK:
+        case PGRES_COMMAND_OK:
+          if (!first_error && !kept[i]) kept[i] = std::move(r);
+          break;
+        case PGRES_PIPELINE_ABORTED:
+          if (!first_error) first_error = make_error_code(errc::protocol);
+          break;
+        case PGRES_FATAL_ERROR:
+        case PGRES_BAD_RESPONSE:
+          if (!first_error) first_error = error_from_result(r);
+          break;
+        default:
+          broken_ = true;
+          error_message_ = "unexpected result status in a pipeline ";
+          error_message_ += PQresStatus(PQresultStatus(r.native()));
+          co_return make_error_code(errc::protocol);
+      }
+    }
+  }
+  // The sync point. Its own failure (the implicit transaction's commit) arrives as an
+  // error result ahead of it, so everything up to PGRES_PIPELINE_SYNC is looked at.
+  for (int guard = 0;; ++guard) {
+    while (PQisBusy(conn_) != 0) {
+      if (auto ec = co_await receive()) co_return ec;
+    }
+    ::pg_result* next = PQgetResult(conn_);
+    if (next == nullptr) {
+      if (guard < 4) continue;
+      broken_ = true;
+      error_message_ = "pipeline ended without its sync point";
+      co_return make_error_code(errc::protocol);
+    }
+    Result r(next);
+    const ExecStatusType st = PQresultStatus(r.native());
+    if (st == PGRES_PIPELINE_SYNC) break;
+    if ((st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE) && !first_error) {
+      first_error = error_from_result(r);
+    }
+  }
+  if (PQexitPipelineMode(conn_) != 1) {
+    broken_ = true;
+    error_message_ = "cannot leave pipeline mode";
+    co_return make_error_code(errc::protocol);
+  }
+  if (first_error) co_return first_error;
+  for (const Result& r : kept) {
+    if (!r) {
+      error_message_ = "the server returned no result";
+      co_return make_error_code(errc::protocol);
+    }
+  }
+  co_return std::move(kept);
+}
+
+asio::awaitable<result<std::vector<Result>>> Connection::run_pipeline(
+    const std::vector<Command>& commands, Millis deadline) {
+  error_message_.clear();
+  if (!reusable()) {
+    error_message_ = "connection is not usable";
+    co_return make_error_code(errc::connection_lost);
+  }
+  std::vector<ParamBuffers> params(commands.size());
+  for (std::size_t i = 0; i < commands.size(); ++i) {
+    if (auto ec = params[i].build(commands[i].params)) {
+      error_message_ = "text parameter contains a NUL byte";
+      co_return ec;
+    }
+  }
+
+  in_call_ = true;
+  arm_deadline(deadline);
+  result<std::vector<Result>> out = make_error_code(errc::protocol);
+  bool sent = PQenterPipelineMode(conn_) == 1;
+  for (std::size_t i = 0; sent && i < commands.size(); ++i) {
+    const std::string name(commands[i].text);
+    sent = PQsendQueryPrepared(conn_, name.c_str(), params[i].count(), params[i].values.data(),
+                               params[i].lengths.data(), params[i].formats.data(), 0) == 1;
+  }
+  if (!sent || PQpipelineSync(conn_) != 1) {
+    out = lost("cannot send the pipeline");
+  } else {
+    error_code ec;
+    const int flushed = PQflush(conn_);
+    if (flushed < 0) {
+      ec = lost("cannot send to the server");
+    } else if (flushed > 0) {
+      ec = co_await flush();
+    }
+    if (ec) {
+      out = ec;
+    } else {
+      out = co_await collect_pipeline(commands.size());
+    }
   }
   disarm_deadline();
   in_call_ = false;

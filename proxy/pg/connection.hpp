@@ -44,6 +44,11 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // state the connection marks itself unusable; the pool then closes it.
   asio::awaitable<result<Result>> run(const Command& command, Millis deadline);
 
+  // Runs prepared commands in pipeline mode with one sync point at the end: one round
+  // trip, one implicit transaction. Returns every command's result, or the first error.
+  asio::awaitable<result<std::vector<Result>>> run_pipeline(const std::vector<Command>& commands,
+                                                            Millis deadline);
+
   // After a call: may this connection serve another one?
   bool reusable() const noexcept;
   // Before handing out an idle connection: did the server close it meanwhile? Cheap
@@ -75,7 +80,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::awaitable<error_code> flush();
   // The next PGresult of the current command (nullptr = the command is finished).
   asio::awaitable<result<::pg_result*>> next_result();
+  // Waits until the socket is readable and reads what arrived into libpq.
+  asio::awaitable<error_code> receive();
   asio::awaitable<result<Result>> collect_results();
+  asio::awaitable<result<std::vector<Result>>> collect_pipeline(std::size_t commands);
   asio::awaitable<error_code> wait(Wait what);
 
   error_code attach_socket();

@@ -189,6 +189,24 @@ struct Pool::Impl {
     co_return r;
   }
 
+  // Several prepared statements on one connection in one round trip.
+  static asio::awaitable<result<std::vector<Result>>> run_pipeline(
+      std::shared_ptr<Pool> self, std::vector<std::string> names,
+      std::vector<std::vector<Param>> params) {
+    Impl& impl = *self->impl_;
+    auto conn = co_await impl.acquire();
+    if (!conn) co_return conn.error();
+    Checkout checkout(self, std::move(*conn));
+    std::vector<Command> commands;
+    commands.reserve(names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      commands.push_back(Command{Command::Kind::prepared, names[i], &params[i]});
+    }
+    auto r = co_await checkout.conn->run_pipeline(commands, impl.statement_deadline());
+    if (!r) impl.last_error = checkout.conn->error_message();
+    co_return r;
+  }
+
   void close_all() {
     closed = true;
     for (auto& c : idle) drop_idle(std::move(c));
@@ -225,6 +243,19 @@ asio::awaitable<result<Result>> Pool::execute(std::string_view statement,
                                               std::vector<Param> params) {
   return Impl::run(shared_from_this(), Command::Kind::prepared, std::string(statement),
                    std::move(params));
+}
+
+asio::awaitable<result<std::vector<Result>>> Pool::execute_pipeline(
+    std::vector<Batched> statements) {
+  std::vector<std::string> names;
+  std::vector<std::vector<Param>> params;
+  names.reserve(statements.size());
+  params.reserve(statements.size());
+  for (auto& s : statements) {
+    names.emplace_back(s.statement);
+    params.push_back(std::move(s.params));
+  }
+  return Impl::run_pipeline(shared_from_this(), std::move(names), std::move(params));
 }
 
 asio::awaitable<result<Result>> Pool::query(std::string_view sql) {

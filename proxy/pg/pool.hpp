@@ -69,6 +69,18 @@ class Pool : public std::enable_shared_from_this<Pool> {
   asio::awaitable<result<Result>> execute(std::string_view statement,
                                           std::vector<Param> params);
 
+  // Runs several prepared statements in one round trip (libpq pipeline mode) on one
+  // connection, followed by one sync point: they form one implicit transaction, which
+  // commits at the sync, and every statement still takes its own snapshot (READ
+  // COMMITTED). All or nothing: the results, in order, only when every statement and the
+  // commit succeeded; otherwise the first error (later statements are skipped by the
+  // server once one fails).
+  struct Batched {
+    std::string_view statement;
+    std::vector<Param> params;
+  };
+  asio::awaitable<result<std::vector<Result>>> execute_pipeline(std::vector<Batched> statements);
+
   // Runs an unprepared, parameterless statement (health probes, setup). Same errors.
   // One statement only (extended protocol): "SELECT 1; SELECT 2" is refused by the server.
   asio::awaitable<result<Result>> query(std::string_view sql);

@@ -13,6 +13,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <limits>
 #include <optional>
@@ -24,6 +25,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/empty_body.hpp>
@@ -45,6 +47,11 @@ constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 
 // Read size while discarding input during a lingering close.
 constexpr std::size_t kDiscardReadSize = 4096;
+// The first read of a request: one typical API request header (and small body) in one go;
+// the header parser grows the buffer when it needs more.
+constexpr std::size_t kIdleReadSize = 1024;
+// Above this, an idle connection's buffer is released before waiting for the next request.
+constexpr std::size_t kIdleBufferCap = 4096;
 // After a response that ends the connection we stop sending and keep reading for a while
 // before closing: closing with unread input makes the kernel send a RST, and a RST can
 // destroy the response the client has not read yet (typically a 413 sent while the client
@@ -114,6 +121,34 @@ void frame_response(Response& res, http::verb method) {
     return;
   }
   res.content_length(res.body().size());
+}
+
+// The status line and header fields exactly as Beast's serializer writes them:
+// "HTTP/x.y NNN reason\r\n", each field "Name: value\r\n" in order, then "\r\n".
+void append_response_head(std::string& out, const Response& res) {
+  const unsigned version = res.version();
+  const unsigned code = res.result_int();
+  out += "HTTP/";
+  out += static_cast<char>('0' + version / 10);
+  out += '.';
+  out += static_cast<char>('0' + version % 10);
+  out += ' ';
+  out += static_cast<char>('0' + code / 100);
+  out += static_cast<char>('0' + code / 10 % 10);
+  out += static_cast<char>('0' + code % 10);
+  out += ' ';
+  const auto reason = res.reason();  // the stored phrase, else the standard one
+  out.append(reason.data(), reason.size());
+  out += "\r\n";
+  for (const auto& f : res) {
+    const auto name = f.name_string();
+    const auto value = f.value();
+    out.append(name.data(), name.size());
+    out += ": ";
+    out.append(value.data(), value.size());
+    out += "\r\n";
+  }
+  out += "\r\n";
 }
 
 asio::ip::address listen_address(const settings::Endpoint& endpoint) {
@@ -233,6 +268,13 @@ class Session : public std::enable_shared_from_this<Session> {
         id_(g_next_connection_id.fetch_add(1, std::memory_order_relaxed)) {
     error_code ec;
     peer_ = socket_.remote_endpoint(ec);
+    if (!ec) {
+      try {
+        peer_address_ = peer_.address().to_string();
+      } catch (const std::exception&) {
+        // left empty: the gateway formats the address itself
+      }
+    }
     // Responses go out in one write; without this a pipelined or 100-continue exchange
     // can stall on Nagle + delayed ACK for 40ms.
     socket_.set_option(tcp::no_delay(true), ec);
@@ -242,7 +284,13 @@ class Session : public std::enable_shared_from_this<Session> {
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
 
-  static asio::awaitable<void> run(std::shared_ptr<Session> self) { co_await self->serve(); }
+  static asio::awaitable<void> run(std::shared_ptr<Session> self) {
+    struct Finish {
+      Session& session;
+      ~Finish() { session.finish(); }
+    } finish{*self};
+    co_await self->serve();
+  }
 
   std::uint64_t id() const noexcept { return id_; }
 
@@ -265,6 +313,9 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void arm(Millis after, Deadline kind);
   void disarm();
+  void start_timer();
+  // The session is over: no deadline may fire any more, and the timer lets go of it.
+  void finish() noexcept;
   void interrupt(tcp::socket::shutdown_type how) noexcept;
   void close_now() noexcept {
     error_code ignored;
@@ -275,9 +326,17 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::socket socket_;
   asio::steady_timer timer_;
   beast::flat_buffer buffer_;
+  std::string head_;  // the response head being written (reused across requests)
   tcp::endpoint peer_;
+  std::string peer_address_;  // formatted once: every forwarded request names it
   const std::uint64_t id_;
-  std::uint64_t deadline_generation_ = 0;
+  // The current phase's deadline (max = none) and the pending timer wait (see arm()).
+  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
+  Deadline deadline_kind_ = Deadline::read;
+  SteadyClock::time_point timer_expiry_{};
+  std::uint64_t timer_generation_ = 0;
+  bool timer_pending_ = false;
+  bool finished_ = false;
   bool timed_out_ = false;
   bool idle_ = false;
   bool close_requested_ = false;
@@ -384,22 +443,48 @@ void Listener::refuse_overloaded(tcp::socket& socket) {
 // ---------------------------------------------------------------------------------------
 // Session
 
+// Every request arms and disarms a deadline three or four times (idle, header, body,
+// write). A timer wait per phase would cost a timer-queue insert, a cancellation and a
+// handler call each time, so the timer is lazy instead: arm() records the deadline and
+// only touches the timer when the new deadline is earlier than the wait already pending;
+// disarm() only forgets the deadline. When the pending wait fires it compares the clock
+// with the deadline current at that moment: passed → time out the phase in progress;
+// later → wait again until then; none → stay idle until the next arm(). In steady
+// keep-alive traffic the timer thus fires about once per header_timeout, not per phase.
 void Session::arm(Millis after, Deadline kind) {
   timed_out_ = false;
-  const auto generation = ++deadline_generation_;
-  timer_.expires_after(after);
-  // The handler owns a reference: it may run after the operation it guards completed and
-  // the session finished, and must then find a live (if ignored) object.
-  timer_.async_wait([self = shared_from_this(), generation, kind](const error_code& ec) {
-    if (ec || generation != self->deadline_generation_) return;  // disarmed or re-armed
+  deadline_ = SteadyClock::now() + after;
+  deadline_kind_ = kind;
+  if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
+}
+
+void Session::disarm() { deadline_ = SteadyClock::time_point::max(); }
+
+void Session::start_timer() {
+  timer_expiry_ = deadline_;
+  timer_pending_ = true;
+  const auto generation = ++timer_generation_;
+  timer_.expires_at(timer_expiry_);  // cancels a pending wait: its handler sees a stale generation
+  // The handler owns a reference: it may run after the session finished, and must then
+  // find a live (if ignored) object. finish() cancels the wait so that it does not keep the
+  // session alive until its expiry.
+  timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
+    if (generation != self->timer_generation_) return;  // replaced by a newer wait
+    self->timer_pending_ = false;
+    if (ec || self->finished_ || self->deadline_ == SteadyClock::time_point::max()) return;
+    if (SteadyClock::now() < self->deadline_) {
+      self->start_timer();  // the deadline moved later since this wait began
+      return;
+    }
     self->timed_out_ = true;
-    self->interrupt(kind == Deadline::write ? tcp::socket::shutdown_both
-                                            : tcp::socket::shutdown_receive);
+    self->interrupt(self->deadline_kind_ == Deadline::write ? tcp::socket::shutdown_both
+                                                            : tcp::socket::shutdown_receive);
   });
 }
 
-void Session::disarm() {
-  ++deadline_generation_;
+void Session::finish() noexcept {
+  finished_ = true;
+  disarm();
   timer_.cancel();
 }
 
@@ -415,7 +500,22 @@ void Session::interrupt(tcp::socket::shutdown_type how) noexcept {
 
 asio::awaitable<bool> Session::write(Response& res, Millis timeout) {
   arm(timeout, Deadline::write);
-  auto [ec, n] = co_await http::async_write(socket_, res, use_tuple);
+  error_code ec;
+  if (res.chunked()) {
+    // Never produced here (frame_response removes Transfer-Encoding); Beast frames it.
+    auto [wec, n] = co_await http::async_write(socket_, res, use_tuple);
+    ec = wec;
+  } else {
+    // Beast's serializer walks the message through a generic buffer-sequence view whose
+    // iteration alone showed up as several percent of a pass-through request; the same
+    // bytes, a head built in a reused string, go out in one gathered write.
+    head_.clear();
+    append_response_head(head_, res);
+    const std::array<asio::const_buffer, 2> buffers{asio::buffer(head_), asio::buffer(res.body())};
+    auto [wec, n] = co_await asio::async_write(socket_, buffers, use_tuple);
+    ec = wec;
+    if (head_.capacity() > kIdleBufferCap) std::string().swap(head_);
+  }
   disarm();
   co_return !ec && !timed_out_;
 }
@@ -476,24 +576,28 @@ asio::awaitable<void> Session::serve() {
     // Read per request so a reload applies to the next request on open connections too.
     const settings::Limits limits = owner_->limits();
 
-    // 1. Wait for the first byte of the next request under the idle timeout. Pipelined
-    //    bytes already buffered count as "arrived". Waiting for readability rather than
-    //    reading means an idle keep-alive connection holds no buffer at all, which is
-    //    what most of max_connections are at any moment.
+    // 1. Wait for the first bytes of the next request under the idle timeout. Pipelined
+    //    bytes already buffered count as "arrived". This is a read, not a wait for
+    //    readability: Asio re-arms epoll (an epoll_ctl) for every readiness wait, while a
+    //    read that follows a read which drained the socket goes straight to the next
+    //    readiness event, so reading saves a system call per request. The cost is a
+    //    small buffer held by each idle keep-alive connection; it is capped here so a
+    //    connection that once carried a large request does not keep that memory.
     if (buffer_.size() == 0) {
       if (close_requested_) break;
-      buffer_.shrink_to_fit();
+      if (buffer_.capacity() > kIdleBufferCap) buffer_.shrink_to_fit();
       idle_ = true;
       arm(limits.idle_timeout, Deadline::read);
-      auto [ec] = co_await socket_.async_wait(tcp::socket::wait_read, use_tuple);
+      auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kIdleReadSize), use_tuple);
       disarm();
       idle_ = false;
-      // Nothing had started: an idle timeout or shutdown ends silently. A client that
-      // closed shows up as readable; the header read below then sees a clean EOF.
+      buffer_.commit(n);
+      // Nothing had started: an idle timeout or shutdown ends silently, and so does a
+      // client that closed (EOF) between requests.
       if (ec || timed_out_ || close_requested_) break;
     }
 
-    RequestContext ctx{peer_, SteadyClock::now(), id_};
+    RequestContext ctx{peer_, SteadyClock::now(), id_, peer_address_};
 
     // 2. The header, under the header timeout and size limit. The body limit is lifted
     //    here: Beast would otherwise report an oversized Content-Length before we had a

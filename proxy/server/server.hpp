@@ -26,6 +26,9 @@ struct RequestContext {
   asio::ip::tcp::endpoint peer;
   SteadyClock::time_point received_at;  // when the request's header was complete
   std::uint64_t connection_id = 0;
+  // The peer's address as text when the listener has it (formatted once per connection);
+  // empty otherwise. Valid while the request is handled.
+  std::string_view peer_address;
 };
 
 // Called once per request that passed framing and limits. Must not throw for expected

@@ -69,6 +69,11 @@ struct ClaimRequest {
 struct ClaimResult {
   bool won = false;
   std::int64_t attempt = 0;  // the fencing token when won
+  // A lost claim may come with the row already read, by a statement of its own that ran
+  // after the claim, exactly as read() would have (PgStore sends both in one round trip).
+  // row_read = false: the caller reads with read(). row_read and no row: it vanished.
+  bool row_read = false;
+  std::optional<Record> row;
 };
 
 class Store {

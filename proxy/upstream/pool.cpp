@@ -8,32 +8,40 @@
 // There is no retry here on purpose. Even a reused keep-alive connection that the backend
 // closed at the same instant we wrote is ambiguous, and only the gateway (which knows
 // whether the request is protected by a claim) may decide to try again.
+//
+// Per-request costs are kept low on purpose, since every proxied request pays them: a
+// pooled connection keeps its read buffer and its deadline timer, the deadline timer is
+// lazy (see Connection::arm), and the request head is written by hand in one buffer
+// rather than through Beast's serializer.
 #include "upstream/client.hpp"
 
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
-#include <boost/beast/http/write.hpp>
 
 namespace idem::upstream {
 namespace {
 
 using tcp = asio::ip::tcp;
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+// Above this, a pooled connection gives its buffers back before going idle.
+constexpr std::size_t kKeepBufferBytes = 64 * 1024;
 
 std::string strip_brackets(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -64,7 +72,6 @@ bool still_usable(tcp::socket& socket) noexcept {
 }
 
 Failure classify_read_error(const error_code& ec) noexcept {
-  if (ec == beast::error::timeout) return Failure::timeout;
   if (ec == http::error::body_limit || ec == http::error::header_limit) {
     // The header limit is reported as "too large" as well: the backend did answer, and
     // what it sent was bigger than we accept.
@@ -79,14 +86,101 @@ Failure classify_read_error(const error_code& ec) noexcept {
   return Failure::broken;  // reset, EPIPE, ...: the connection died under the exchange
 }
 
+// The request line and header fields exactly as Beast's serializer writes them:
+// "METHOD target HTTP/1.1\r\n", each field "Name: value\r\n" in order, then "\r\n".
+void append_request_head(std::string& out, const Request& req) {
+  const auto method = req.method_string();
+  const auto target = req.target();
+  const unsigned version = req.version();
+  out.append(method.data(), method.size());
+  out += ' ';
+  out.append(target.data(), target.size());
+  out += " HTTP/";
+  out += static_cast<char>('0' + version / 10);
+  out += '.';
+  out += static_cast<char>('0' + version % 10);
+  out += "\r\n";
+  for (const auto& f : req) {
+    const auto name = f.name_string();
+    const auto value = f.value();
+    out.append(name.data(), name.size());
+    out += ": ";
+    out.append(value.data(), value.size());
+    out += "\r\n";
+  }
+  out += "\r\n";
+}
+
+// One connection to the backend and what it keeps from one exchange to the next.
+//
+// The deadline is lazy, like the client sessions' (server.cpp): arm() records it and only
+// starts a timer wait when none is pending or the pending one is due later; when a wait
+// fires it compares the clock with the deadline then current. Exchanges on a pooled
+// connection arm later and later deadlines, so the timer fires about once per
+// response_timeout instead of being set and cancelled for every write and read. A passed
+// deadline shuts the socket down, so whatever step of the exchange is running (or
+// starts next) fails at once.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  explicit Connection(const asio::any_io_executor& ex) : socket(ex), timer_(ex) {}
+
+  void arm(SteadyClock::time_point deadline) {
+    timed_out_ = false;
+    deadline_ = deadline;
+    if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
+  }
+  void disarm() noexcept { deadline_ = SteadyClock::time_point::max(); }
+  bool timed_out() const noexcept { return timed_out_; }
+
+  // Closes the socket and lets go of the timer (whose handler holds this object).
+  void close() noexcept {
+    closed_ = true;
+    disarm();
+    timer_.cancel();
+    error_code ignored;
+    socket.close(ignored);
+  }
+
+  tcp::socket socket;
+  beast::flat_buffer buffer;  // bytes read past a response (none when pooled)
+  std::string head;           // the request head being written
+  SteadyClock::time_point since;  // when it went idle
+
+ private:
+  void start_timer() {
+    timer_expiry_ = deadline_;
+    timer_pending_ = true;
+    const auto generation = ++timer_generation_;
+    timer_.expires_at(timer_expiry_);
+    timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
+      if (generation != self->timer_generation_) return;  // replaced by a newer wait
+      self->timer_pending_ = false;
+      if (ec || self->closed_ || self->deadline_ == SteadyClock::time_point::max()) return;
+      if (SteadyClock::now() < self->deadline_) {
+        self->start_timer();
+        return;
+      }
+      self->timed_out_ = true;
+      error_code ignored;
+      self->socket.cancel(ignored);
+      self->socket.shutdown(tcp::socket::shutdown_both, ignored);
+    });
+  }
+
+  asio::steady_timer timer_;
+  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
+  SteadyClock::time_point timer_expiry_{};
+  std::uint64_t timer_generation_ = 0;
+  bool timer_pending_ = false;
+  bool timed_out_ = false;
+  bool closed_ = false;
+};
+
+using ConnectionPtr = std::shared_ptr<Connection>;
+
 }  // namespace
 
 struct Pool::Impl {
-  struct IdleConnection {
-    tcp::socket socket;
-    SteadyClock::time_point since;
-  };
-
   Impl(asio::any_io_executor ex, PoolOptions opts)
       : executor(std::move(ex)),
         options(std::move(opts)),
@@ -105,8 +199,8 @@ struct Pool::Impl {
   ~Impl() { close_all_idle(); }
 
   asio::awaitable<error_code> ensure_endpoints();
-  std::optional<tcp::socket> take_idle();
-  void give_back(tcp::socket socket);
+  ConnectionPtr take_idle();
+  void give_back(ConnectionPtr conn);
   void drop_expired(SteadyClock::time_point now);
   void close_all_idle() noexcept;
   void schedule_sweep();
@@ -119,7 +213,7 @@ struct Pool::Impl {
   std::vector<tcp::endpoint> endpoints;
   // Most recently used at the back: LIFO reuse keeps a few connections hot and lets the
   // rest age out, instead of spreading load thinly so that none ever becomes idle.
-  std::vector<IdleConnection> idle;
+  std::vector<ConnectionPtr> idle;
   bool shut_down = false;
   asio::steady_timer sweeper;
   bool sweep_scheduled = false;
@@ -143,41 +237,39 @@ asio::awaitable<error_code> Pool::Impl::ensure_endpoints() {
 
 void Pool::Impl::drop_expired(SteadyClock::time_point now) {
   // The vector is ordered by `since` (oldest first), so expired ones form a prefix.
-  const auto first_live = std::find_if(idle.begin(), idle.end(), [&](const IdleConnection& c) {
-    return now - c.since < options.idle_ttl;
+  const auto first_live = std::find_if(idle.begin(), idle.end(), [&](const ConnectionPtr& c) {
+    return now - c->since < options.idle_ttl;
   });
-  for (auto it = idle.begin(); it != first_live; ++it) {
-    error_code ignored;
-    it->socket.close(ignored);
-  }
+  for (auto it = idle.begin(); it != first_live; ++it) (*it)->close();
   idle.erase(idle.begin(), first_live);
 }
 
-std::optional<tcp::socket> Pool::Impl::take_idle() {
+ConnectionPtr Pool::Impl::take_idle() {
   drop_expired(SteadyClock::now());
   while (!idle.empty()) {
-    tcp::socket socket = std::move(idle.back().socket);
+    ConnectionPtr conn = std::move(idle.back());
     idle.pop_back();
-    if (still_usable(socket)) return socket;
-    error_code ignored;
-    socket.close(ignored);
+    if (still_usable(conn->socket)) return conn;
+    conn->close();
   }
-  return std::nullopt;
+  return nullptr;
 }
 
-void Pool::Impl::give_back(tcp::socket socket) {
+void Pool::Impl::give_back(ConnectionPtr conn) {
   if (shut_down || options.max_idle == 0) {
-    error_code ignored;
-    socket.close(ignored);
+    conn->close();
     return;
   }
   if (idle.size() >= options.max_idle) {
     // Full: the oldest idle connection is the least likely to be wanted again.
-    error_code ignored;
-    idle.front().socket.close(ignored);
+    idle.front()->close();
     idle.erase(idle.begin());
   }
-  idle.push_back({std::move(socket), SteadyClock::now()});
+  conn->disarm();
+  if (conn->buffer.capacity() > kKeepBufferBytes) conn->buffer = beast::flat_buffer();
+  if (conn->head.capacity() > kKeepBufferBytes) std::string().swap(conn->head);
+  conn->since = SteadyClock::now();
+  idle.push_back(std::move(conn));
   schedule_sweep();
 }
 
@@ -187,7 +279,7 @@ void Pool::Impl::give_back(tcp::socket socket) {
 void Pool::Impl::schedule_sweep() {
   if (sweep_scheduled || idle.empty()) return;
   sweep_scheduled = true;
-  sweeper.expires_at(idle.front().since + options.idle_ttl);
+  sweeper.expires_at(idle.front()->since + options.idle_ttl);
   sweeper.async_wait([this, token = std::weak_ptr<char>(alive)](const error_code& ec) {
     if (token.expired()) return;  // the pool is gone; `this` dangles
     sweep_scheduled = false;
@@ -198,10 +290,7 @@ void Pool::Impl::schedule_sweep() {
 }
 
 void Pool::Impl::close_all_idle() noexcept {
-  for (auto& c : idle) {
-    error_code ignored;
-    c.socket.close(ignored);
-  }
+  for (auto& c : idle) c->close();
   idle.clear();
   sweeper.cancel();
 }
@@ -237,11 +326,19 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     request.content_length(request.body().size());
   }
   request.keep_alive(true);
-  const bool head = request.method() == http::verb::head;
+  const bool head = method == http::verb::head;
 
-  std::optional<beast::tcp_stream> connection;
-  if (auto socket = pool.take_idle()) {
-    connection.emplace(std::move(*socket));
+  // Whatever way this exchange ends, a connection that is not back in the pool is closed
+  // (which also releases its deadline timer).
+  ConnectionPtr conn = pool.take_idle();
+  struct CloseUnlessPooled {
+    ConnectionPtr& conn;
+    ~CloseUnlessPooled() {
+      if (conn) conn->close();
+    }
+  } close_unless_pooled{conn};
+
+  if (conn) {
     out.reused_connection = true;
   } else {
     if (const auto ec = co_await pool.ensure_endpoints()) {
@@ -250,41 +347,52 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     }
     // A copy: another exchange may clear the shared list while this connect is running.
     const std::vector<tcp::endpoint> candidates = pool.endpoints;
-    connection.emplace(pool.executor);
-    connection->expires_at(std::min(deadline, SteadyClock::now() + pool.options.connect_timeout));
-    auto [ec, endpoint] = co_await connection->async_connect(candidates, use_tuple);
-    if (ec) {
+    conn = std::make_shared<Connection>(pool.executor);
+    conn->arm(std::min(deadline, SteadyClock::now() + pool.options.connect_timeout));
+    // The condition stops the walk through the candidates once the deadline passed.
+    const auto in_time = [c = conn.get()](const error_code&, const tcp::endpoint&) {
+      return !c->timed_out();
+    };
+    auto [ec, endpoint] =
+        co_await asio::async_connect(conn->socket, candidates, in_time, use_tuple);
+    if (ec || conn->timed_out()) {
       // The name may now point elsewhere (a redeployed backend): look it up again next time.
       if (!pool.literal) pool.endpoints.clear();
       out.failure = Failure::connect_failed;
       co_return out;
     }
     error_code ignored;
-    connection->socket().set_option(tcp::no_delay(true), ignored);
+    conn->socket.set_option(tcp::no_delay(true), ignored);
   }
-  beast::tcp_stream& stream = *connection;
 
-  stream.expires_at(deadline);
-  auto [wec, written] = co_await http::async_write(stream, request, use_tuple);
-  if (wec) {
+  conn->arm(deadline);
+  conn->head.clear();
+  append_request_head(conn->head, request);
+  const std::array<asio::const_buffer, 2> request_bytes{asio::buffer(conn->head),
+                                                        asio::buffer(request.body())};
+  auto [wec, written] = co_await asio::async_write(conn->socket, request_bytes, use_tuple);
+  if (wec || conn->timed_out()) {
     // Not one byte accepted by the kernel means the backend cannot have seen the request:
     // that is as safe to release as a refused connect.
     if (written == 0) {
       out.failure = Failure::connect_failed;
     } else {
-      out.failure = wec == beast::error::timeout ? Failure::timeout : Failure::broken;
+      out.failure = conn->timed_out() ? Failure::timeout : Failure::broken;
     }
     co_return out;
   }
 
-  beast::flat_buffer buffer;
   for (;;) {
     http::response_parser<http::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(pool.options.max_response_header, UINT32_MAX)));
     parser.body_limit(pool.options.max_response_body);
     if (head) parser.skip(true);  // a HEAD response carries a length but no body
-    auto [rec, n] = co_await http::async_read(stream, buffer, parser, use_tuple);
+    auto [rec, n] = co_await http::async_read(conn->socket, conn->buffer, parser, use_tuple);
+    if (conn->timed_out()) {
+      out.failure = Failure::timeout;
+      co_return out;
+    }
     if (rec) {
       out.failure = classify_read_error(rec);
       co_return out;
@@ -299,12 +407,9 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     // Pool the connection only when the exchange ended exactly at a message boundary
     // that both sides agree on: a close-delimited body, "Connection: close" or stray
     // bytes after the response all mean the stream cannot carry another request.
-    const bool reusable = parser.keep_alive() && !parser.need_eof() && buffer.size() == 0;
+    const bool reusable = parser.keep_alive() && !parser.need_eof() && conn->buffer.size() == 0;
     out.response = parser.release();
-    if (reusable) {
-      stream.expires_never();
-      pool.give_back(stream.release_socket());
-    }
+    if (reusable) pool.give_back(std::move(conn));  // conn is null now: nothing to close
     co_return out;
   }
 }

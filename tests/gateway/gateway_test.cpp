@@ -92,8 +92,69 @@ class ScriptedUpstream final : public upstream::Client {
   asio::steady_timer gate;
 };
 
+// A lost claim that comes with the row already read, as PgStore hands it over when it
+// sends the claim and the read in one round trip: the gateway must decide on it exactly as
+// on its own read().
+class ReadAlongStore final : public store::Store {
+ public:
+  explicit ReadAlongStore(store::Store& inner) : inner_(inner) {}
+
+  asio::awaitable<result<store::ClaimResult>> claim(const store::ClaimRequest& req) override {
+    auto claimed = co_await inner_.claim(req);
+    if (!claimed || claimed->won) co_return claimed;
+    auto row = co_await inner_.read(req.id);
+    if (!row) co_return row.error();
+    claimed->row_read = true;
+    claimed->row = std::move(*row);
+    ++rows_handed_over;
+    co_return claimed;
+  }
+  asio::awaitable<result<std::optional<store::Record>>> read(const store::RecordId& id) override {
+    ++reads;
+    return inner_.read(id);
+  }
+  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const store::RecordId& id,
+                                                                 std::int64_t seen,
+                                                                 Millis lease) override {
+    return inner_.take_over(id, seen, lease);
+  }
+  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+      const store::ClaimRequest& req, std::int64_t seen) override {
+    return inner_.replace_expired(req, seen);
+  }
+  asio::awaitable<result<bool>> complete(const store::RecordId& id, std::int64_t attempt,
+                                         const store::StoredResponse& response,
+                                         Millis retention) override {
+    return inner_.complete(id, attempt, response, retention);
+  }
+  asio::awaitable<result<bool>> release(const store::RecordId& id, std::int64_t attempt) override {
+    return inner_.release(id, attempt);
+  }
+  asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t attempt,
+                                      Millis lease) override {
+    return inner_.renew(id, attempt, lease);
+  }
+  asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t attempt) override {
+    return inner_.expire_lease(id, attempt);
+  }
+  asio::awaitable<result<bool>> purge(const store::RecordId& id) override { return inner_.purge(id); }
+  asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override {
+    return inner_.delete_expired(batch);
+  }
+  asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override {
+    return inner_.oldest_in_progress_age();
+  }
+
+  int rows_handed_over = 0;  // lost claims that came with their row
+  int reads = 0;             // separate read() calls
+
+ private:
+  store::Store& inner_;
+};
+
 struct Fixture {
-  Fixture() : upstream(ioc.get_executor()) {
+  explicit Fixture(bool read_along = false) : read_along_store(store), upstream(ioc.get_executor()) {
+    use_read_along = read_along;
     spdlog::set_level(spdlog::level::off);
     settings::Settings s;
     s.upstream.host = "127.0.0.1";
@@ -124,7 +185,7 @@ struct Fixture {
     gateway::Dependencies deps;
     deps.executor = ioc.get_executor();
     deps.runtime = holder;
-    deps.store = &store;
+    deps.store = use_read_along ? static_cast<store::Store*>(&read_along_store) : &store;
     deps.upstream = &upstream;
     deps.waiters = &waiters;
     deps.metrics = &metrics;
@@ -181,6 +242,8 @@ struct Fixture {
   system_clock::time_point now = system_clock::now();
   asio::io_context ioc;
   store::MemoryStore store{[this] { return now; }};
+  ReadAlongStore read_along_store;
+  bool use_read_along = false;
   ScriptedUpstream upstream;
   gateway::WaiterRegistry waiters;
   obs::Metrics metrics;
@@ -575,4 +638,72 @@ TEST_CASE("a key-less request on an optional route passes through even without a
   CHECK(res.result_int() == 201);
   CHECK(f.store.size() == 0);
   CHECK(f.metrics.requests("create-order", obs::Outcome::passthrough) == 1);
+}
+
+TEST_CASE("a lost claim that brings its row along is decided exactly like a read") {
+  SUBCASE("replay and mismatch, without a separate read") {
+    Fixture f(true);
+    auto first = f.call(Fixture::order("k1", kBody));
+    CHECK(first.result_int() == 201);
+    auto again = f.call(Fixture::order("k1", kBody));
+    CHECK(again["Idempotent-Replayed"] == "true");
+    CHECK(again.body() == first.body());
+    auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
+    CHECK(problem_code(reused) == "idempotency_key_reused");
+    CHECK(f.upstream.calls.size() == 1);
+    CHECK(f.read_along_store.rows_handed_over == 2);
+    CHECK(f.read_along_store.reads == 0);  // the row came with the claim both times
+  }
+
+  SUBCASE("an in-progress row read with the claim is read again once the waiter is registered") {
+    Fixture f(true);
+    f.route().wait = Millis{10000};
+    f.upstream.hold_next();
+    std::optional<server::Response> owner, dup;
+    std::size_t waiting_seen = 0;
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+      asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+      asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { dup = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+      asio::steady_timer t(f.ioc);
+      const std::string key = std::string("t1") + '\0' + "POST /orders" + '\0' + "k1";
+      for (int i = 0; i < 1000 && f.waiters.waiting(key) == 0; ++i) {
+        t.expires_after(Millis{1});
+        co_await t.async_wait(asio::use_awaitable);
+      }
+      waiting_seen = f.waiters.waiting(key);
+      f.upstream.open_gate();
+    }, asio::detached);
+    f.ioc.run();
+    CHECK(waiting_seen == 1);
+    REQUIRE(owner);
+    REQUIRE(dup);
+    CHECK(owner->result_int() == 201);
+    CHECK((*dup)["Idempotent-Replayed"] == "true");
+    CHECK(dup->body() == owner->body());
+    CHECK(f.upstream.calls.size() == 1);
+    CHECK(f.read_along_store.rows_handed_over == 1);
+    // The handed-over row said "in progress": not trusted for a wait, read again after
+    // the waiter's registration, then once more after the wake-up.
+    CHECK(f.read_along_store.reads >= 2);
+  }
+
+  SUBCASE("an expired record is replaced, an expired lease taken over") {
+    Fixture f(true);
+    f.call(Fixture::order("k1", kBody));
+    f.now += std::chrono::hours(2);  // past retention (1h)
+    auto replaced = f.call(Fixture::order("k1", R"({"customer_id":"c9","amount":5})"));
+    CHECK(replaced.result_int() == 201);
+    CHECK(replaced["Idempotent-Replayed"].empty());
+    REQUIRE(f.upstream.calls.size() == 2);
+    CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "2");
+
+    f.route().lease = Millis{1000};
+    f.upstream.fail_next(upstream::Failure::timeout);  // outcome unknown: lease ends now
+    CHECK(f.call(Fixture::order("k2", kBody)).result_int() == 504);
+    auto retried = f.call(Fixture::order("k2", kBody));
+    CHECK(retried.result_int() == 201);
+    REQUIRE(f.upstream.calls.size() == 4);
+    CHECK(f.upstream.calls[3]["X-Idempotency-Attempt"] == "2");
+    CHECK(f.read_along_store.rows_handed_over == 2);
+  }
 }

@@ -574,3 +574,74 @@ TEST_CASE("server outage: errors come quickly, then the same pool recovers") {
   CHECK(r->int64(0, 0) == 42);
   CHECK(pool->open_connections() >= 1);
 }
+
+TEST_CASE("a pipeline runs its statements in one round trip, in order, as one transaction") {
+  test::Sql sql(test::database_url());
+  sql.exec("CREATE TABLE IF NOT EXISTS idem_pipeline_test (x integer PRIMARY KEY)");
+  sql.exec("TRUNCATE idem_pipeline_test");
+
+  asio::io_context ctx;
+  auto opts = options(1);
+  opts.statements = {
+      {"put", "INSERT INTO idem_pipeline_test VALUES ($1::integer) RETURNING x"},
+      {"count", "SELECT count(*) FROM idem_pipeline_test WHERE x >= $1::integer"},
+      {"divide", "SELECT 10 / $1::integer"},
+  };
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  const std::string pid = backend_pid(ctx, pool);
+
+  SUBCASE("every result, in order; a later statement sees an earlier one's row") {
+    std::vector<pg::Pool::Batched> batch;
+    batch.push_back({"put", {pg::Param::text("1")}});
+    batch.push_back({"put", {pg::Param::text("2")}});
+    batch.push_back({"count", {pg::Param::text("1")}});
+    auto r = test::run(ctx, pool->execute_pipeline(std::move(batch)));
+    REQUIRE(r.has_value());
+    REQUIRE(r->size() == 3);
+    CHECK((*r)[0].int64(0, 0) == 1);
+    CHECK((*r)[1].int64(0, 0) == 2);
+    CHECK((*r)[2].int64(0, 0) == 2);
+    CHECK(sql.scalar("SELECT count(*) FROM idem_pipeline_test") == "2");  // committed
+  }
+
+  SUBCASE("one failing statement fails the batch and rolls back the others") {
+    std::vector<pg::Pool::Batched> batch;
+    batch.push_back({"put", {pg::Param::text("3")}});
+    batch.push_back({"divide", {pg::Param::text("0")}});
+    batch.push_back({"put", {pg::Param::text("4")}});
+    auto r = test::run(ctx, pool->execute_pipeline(std::move(batch)));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(pg::sqlstate(r.error()) == "22012");
+    CHECK(sql.scalar("SELECT count(*) FROM idem_pipeline_test") == "0");
+
+    // The same connection goes on, in and out of pipeline mode.
+    std::vector<pg::Pool::Batched> next;
+    next.push_back({"divide", {pg::Param::text("5")}});
+    auto ok = test::run(ctx, pool->execute_pipeline(std::move(next)));
+    REQUIRE(ok.has_value());
+    CHECK((*ok)[0].int64(0, 0) == 2);
+    auto single = test::run(ctx, pool->execute("divide", {pg::Param::text("2")}));
+    REQUIRE(single);
+    CHECK(single->int64(0, 0) == 5);
+  }
+
+  SUBCASE("a failing commit fails the batch") {
+    // Deferred: the duplicate is only found at commit, after both statements succeeded.
+    sql.exec("ALTER TABLE idem_pipeline_test DROP CONSTRAINT IF EXISTS idem_pipeline_test_pkey");
+    sql.exec("ALTER TABLE idem_pipeline_test ADD CONSTRAINT idem_pipeline_test_pkey"
+             " PRIMARY KEY (x) DEFERRABLE INITIALLY DEFERRED");
+    std::vector<pg::Pool::Batched> batch;
+    batch.push_back({"put", {pg::Param::text("7")}});
+    batch.push_back({"put", {pg::Param::text("7")}});
+    auto r = test::run(ctx, pool->execute_pipeline(std::move(batch)));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(pg::sqlstate(r.error()) == "23505");
+    CHECK(sql.scalar("SELECT count(*) FROM idem_pipeline_test") == "0");
+    sql.exec("ALTER TABLE idem_pipeline_test DROP CONSTRAINT idem_pipeline_test_pkey");
+    sql.exec("ALTER TABLE idem_pipeline_test ADD PRIMARY KEY (x)");
+  }
+
+  CHECK(backend_pid(ctx, pool) == pid);
+  CHECK(pool->open_connections() == 1);
+  sql.exec("DROP TABLE IF EXISTS idem_pipeline_test");
+}

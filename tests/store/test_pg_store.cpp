@@ -188,3 +188,82 @@ TEST_CASE("PgStore: every statement is prepared on connect") {
   REQUIRE(names);
   CHECK(names->int64(0, 0) == static_cast<std::int64_t>(store::pg_store_statements().size()));
 }
+
+TEST_CASE("PgStore: a lost claim can bring the row along, read after the claim") {
+  test::PgHarness h;  // empty table, migrated database
+  asio::io_context ctx;
+  auto pool = pg::Pool::create(ctx.get_executor(), test::store_pool_options(2));
+  const auto req = claim_req("along", "fp-1");
+
+  SUBCASE("always: the loser gets the winner's committed row, as read() shows it") {
+    store::PgStore s(pool, store::PgStore::ClaimRead::always);
+    auto won = test::run(ctx, s.claim(req));
+    REQUIRE(won.has_value());
+    CHECK(won->won);
+    CHECK_FALSE(won->row_read);  // a winner never carries a row
+    CHECK_FALSE(won->row.has_value());
+
+    auto lost = test::run(ctx, s.claim(claim_req("along", "fp-other")));
+    REQUIRE(lost.has_value());
+    CHECK_FALSE(lost->won);
+    REQUIRE(lost->row_read);
+    REQUIRE(lost->row.has_value());
+    auto read = test::run(ctx, s.read(req.id));
+    REQUIRE(read.has_value());
+    REQUIRE(read->has_value());
+    CHECK(lost->row->fingerprint == "fp-1");
+    CHECK(lost->row->fingerprint == (*read)->fingerprint);
+    CHECK(lost->row->state == store::State::in_progress);
+    CHECK(lost->row->attempt == 1);
+    CHECK(lost->row->created_at_us == (*read)->created_at_us);
+    CHECK(lost->row->lease_expires_at_us == (*read)->lease_expires_at_us);
+    CHECK(h.row_count() == 1);
+
+    // Completed: the stored response comes along too.
+    store::StoredResponse resp;
+    resp.status = 201;
+    resp.body = "{\"id\":1}";
+    resp.headers = {{"Content-Type", "application/json"}};
+    REQUIRE(test::run(ctx, s.complete(req.id, 1, resp, 1h)).value());
+    auto replay = test::run(ctx, s.claim(req));
+    REQUIRE(replay.has_value());
+    REQUIRE(replay->row.has_value());
+    CHECK(replay->row->state == store::State::completed);
+    REQUIRE(replay->row->response.has_value());
+    CHECK(replay->row->response->body == "{\"id\":1}");
+    CHECK(replay->row->response->headers.size() == 1);
+  }
+
+  SUBCASE("never: the caller reads") {
+    store::PgStore s(pool, store::PgStore::ClaimRead::never);
+    REQUIRE(test::run(ctx, s.claim(req)).value().won);
+    auto lost = test::run(ctx, s.claim(req));
+    REQUIRE(lost.has_value());
+    CHECK_FALSE(lost->won);
+    CHECK_FALSE(lost->row_read);
+  }
+
+  SUBCASE("adaptive: reads along only while lost claims are common") {
+    store::PgStore s(pool);
+    for (int i = 0; i < 20; ++i) {
+      REQUIRE(test::run(ctx, s.claim(claim_req("fresh-" + std::to_string(i)))).value().won);
+    }
+    REQUIRE(test::run(ctx, s.claim(req)).value().won);
+    auto first_loss = test::run(ctx, s.claim(req));
+    REQUIRE(first_loss.has_value());
+    CHECK_FALSE(first_loss->row_read);  // after a run of new keys: one round trip each
+    bool switched = false;
+    for (int i = 0; i < 10 && !switched; ++i) {
+      auto lost = test::run(ctx, s.claim(req));
+      REQUIRE(lost.has_value());
+      CHECK_FALSE(lost->won);
+      switched = lost->row_read;
+      if (switched) CHECK(lost->row.has_value());
+    }
+    CHECK(switched);  // a burst of duplicates: the read comes along
+    for (int i = 0; i < 200; ++i) {
+      REQUIRE(test::run(ctx, s.claim(claim_req("later-" + std::to_string(i)))).value().won);
+    }
+    CHECK_FALSE(test::run(ctx, s.claim(req)).value().row_read);  // and stops again
+  }
+}
