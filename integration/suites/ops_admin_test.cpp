@@ -14,19 +14,6 @@ boost::json::object json_body(const HttpResponse& res) {
   return boost::json::parse(res.body).as_object();
 }
 
-// Restarts the shared server even when an assertion fails, so later suites still run.
-struct ServerStopped {
-  ServerStopped() { pgctl("stop"); }
-  ~ServerStopped() {
-    if (!restarted) pgctl("start");
-  }
-  void start() {
-    pgctl("start");
-    restarted = true;
-  }
-  bool restarted = false;
-};
-
 }  // namespace
 
 TEST_CASE("ops: admin lookup and purge need the token; probes and metrics are open") {
@@ -148,7 +135,7 @@ TEST_CASE("ops: /readyz is 503 while PostgreSQL is stopped and 200 again after i
   HttpClient a(admin.port);
   REQUIRE(a.get("/readyz").status == 200);
   {
-    ServerStopped outage;
+    PostgresOutage outage;
     HttpResponse res;
     wait_until([&] {
       res = a.get("/readyz");
@@ -158,7 +145,7 @@ TEST_CASE("ops: /readyz is 503 while PostgreSQL is stopped and 200 again after i
     CHECK((reason == "store_unavailable" || reason == "store_timeout"));
     CHECK(a.get("/healthz").status == 200);  // alive: nothing to restart
     CHECK(a.get("/metrics").status == 200);  // and observable
-    outage.start();
+    outage.end();
   }
   wait_until([&] { return a.get("/readyz").status == 200; }, 30s,
              "/readyz to recover after PostgreSQL restarted");

@@ -5,23 +5,6 @@
 using namespace idem::it;
 using namespace idem::it::suite;
 
-namespace {
-
-// Restarts the shared server even when an assertion fails, so later suites still run.
-struct ServerStopped {
-  ServerStopped() { pgctl("stop"); }
-  ~ServerStopped() {
-    if (!restarted) pgctl("start");
-  }
-  void start() {
-    pgctl("start");
-    restarted = true;
-  }
-  bool restarted = false;
-};
-
-}  // namespace
-
 TEST_CASE("PostgreSQL stopped: 503 with Retry-After, nothing forwarded; recovery after restart") {
   TestBackend backend;
   auto o = options_for(backend);
@@ -37,7 +20,7 @@ TEST_CASE("PostgreSQL stopped: 503 with Retry-After, nothing forwarded; recovery
   const auto calls_before = calls_for(backend, tenant).size();
 
   {
-    ServerStopped outage;
+    PostgresOutage outage;
     for (int i = 0; i < 3; ++i) {
       auto res = client.post("/orders", order, order_headers(tenant, unique("key")), 20s);
       CHECK(res.status == 503);
@@ -47,7 +30,7 @@ TEST_CASE("PostgreSQL stopped: 503 with Retry-After, nothing forwarded; recovery
     // Unprotected traffic is not the store's business and still flows.
     CHECK(client.get("/health", {{"X-Tenant-Id", tenant}}).status == 200);
     CHECK(calls_for(backend, tenant).size() == calls_before + 1);  // only the GET
-    outage.start();
+    outage.end();
   }
 
   const auto key = unique("key");

@@ -26,6 +26,26 @@ std::string database_url();
 // until the server is down, `start` until it accepts connections.
 void pgctl(std::string_view action, Millis timeout = 60s);
 
+// Stops the shared PostgreSQL for an outage test and starts it again when the scope ends,
+// also when an assertion failed in between, so the suites after it still have a server.
+class PostgresOutage {
+ public:
+  PostgresOutage() { pgctl("stop"); }
+  ~PostgresOutage() {
+    if (!restarted_) pgctl("start");
+  }
+  PostgresOutage(const PostgresOutage&) = delete;
+  PostgresOutage& operator=(const PostgresOutage&) = delete;
+  // Ends the outage before the scope does.
+  void end() {
+    pgctl("start");
+    restarted_ = true;
+  }
+
+ private:
+  bool restarted_ = false;
+};
+
 std::filesystem::path test_tmp_root();
 
 // The executables under test: the environment variable if set, else the path the build

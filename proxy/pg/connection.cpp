@@ -196,6 +196,26 @@ error_code Connection::attach_socket() {
   return {};
 }
 
+error_code Connection::after_wait(const error_code& ec) {
+  // Whatever interrupted the wait, the protocol state is unknown now: never reuse it.
+  if (timed_out_) {
+    broken_ = true;
+    error_message_ = "client-side deadline passed";
+    return make_error_code(errc::timeout);
+  }
+  if (ec == asio::error::operation_aborted) {
+    broken_ = true;
+    error_message_ = "call cancelled";
+    return make_error_code(errc::cancelled);
+  }
+  if (ec) {
+    broken_ = true;
+    error_message_ = "socket wait failed: " + ec.message();
+    return make_error_code(errc::connection_lost);
+  }
+  return {};
+}
+
 asio::awaitable<error_code> Connection::wait(Wait what) {
   if (timed_out_) co_return make_error_code(errc::timeout);
   // Asio waits with level semantics here: a wait that starts while the socket is already
@@ -214,21 +234,7 @@ asio::awaitable<error_code> Connection::wait(Wait what) {
                                          : asio::posix::stream_descriptor::wait_write;
     co_await socket_.async_wait(type, asio::redirect_error(asio::use_awaitable, ec));
   }
-  if (timed_out_) {
-    broken_ = true;
-    error_message_ = "client-side deadline passed";
-    co_return make_error_code(errc::timeout);
-  }
-  if (ec == asio::error::operation_aborted) {
-    broken_ = true;
-    error_message_ = "call cancelled";
-    co_return make_error_code(errc::cancelled);
-  }
-  if (ec) {
-    broken_ = true;
-    error_message_ = "socket wait failed: " + ec.message();
-    co_return make_error_code(errc::connection_lost);
-  }
+  if (auto failed = after_wait(ec)) co_return failed;
   co_return error_code{};
 }
 
@@ -478,21 +484,7 @@ asio::awaitable<error_code> Connection::receive() {
   error_code ec;
   co_await socket_.async_wait(asio::posix::stream_descriptor::wait_read,
                               asio::redirect_error(asio::use_awaitable, ec));
-  if (timed_out_) {
-    broken_ = true;
-    error_message_ = "client-side deadline passed";
-    co_return make_error_code(errc::timeout);
-  }
-  if (ec == asio::error::operation_aborted) {
-    broken_ = true;
-    error_message_ = "call cancelled";
-    co_return make_error_code(errc::cancelled);
-  }
-  if (ec) {
-    broken_ = true;
-    error_message_ = "socket wait failed: " + ec.message();
-    co_return make_error_code(errc::connection_lost);
-  }
+  if (auto failed = after_wait(ec)) co_return failed;
   if (PQconsumeInput(conn_) != 1) co_return lost("cannot read from the server");
   co_return error_code{};
 }

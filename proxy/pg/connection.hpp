@@ -91,6 +91,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void disarm_deadline() noexcept;
   error_code error_from_result(const Result& r);
   error_code lost(std::string_view fallback_message);
+  // Maps how a socket wait ended (deadline, cancellation, error) to the call's error;
+  // empty when the socket is ready.
+  error_code after_wait(const error_code& ec);
 
   ::pg_conn* conn_ = nullptr;
   asio::posix::stream_descriptor socket_;

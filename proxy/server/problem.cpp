@@ -3,75 +3,13 @@
 #include <cstdio>
 #include <string>
 
+#include "common/json_text.hpp"
 #include "server/server.hpp"
 
 namespace idem::server {
 namespace {
 
-// Length of the well-formed UTF-8 sequence starting at s[i], or 0 when it is malformed
-// (overlong, surrogate, out of range or truncated). Details may quote client input, and
-// one stray byte must not turn the whole document into invalid JSON.
-std::size_t utf8_sequence_length(std::string_view s, std::size_t i) noexcept {
-  const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = byte(i);
-  std::size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;  // allowed range of the second byte
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;   // no overlong forms
-    if (c == 0xED) hi = 0x9F;   // no UTF-16 surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;   // no overlong forms
-    if (c == 0xF4) hi = 0x8F;   // nothing above U+10FFFF
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (byte(i + 1) < lo || byte(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k) {
-    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
-  }
-  return n;
-}
-
-void append_json_string(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (std::size_t i = 0; i < s.size();) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x80) {
-      switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-          if (c < 0x20 || c == 0x7F) {
-            char buf[8];
-            std::snprintf(buf, sizeof buf, "\\u%04x", c);
-            out += buf;
-          } else {
-            out.push_back(static_cast<char>(c));
-          }
-      }
-      ++i;
-      continue;
-    }
-    if (const auto n = utf8_sequence_length(s, i); n != 0) {
-      out.append(s.substr(i, n));
-      i += n;
-    } else {
-      out += "\\ufffd";  // U+FFFD REPLACEMENT CHARACTER for each malformed byte
-      ++i;
-    }
-  }
-  out.push_back('"');
-}
+using text::append_json_string;
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 // Deadlines: the session keeps a plain tcp::socket and its own timer rather than using
 // beast::tcp_stream, because tcp_stream closes the socket when a deadline passes and a
 // request that timed out mid-way should still get its 408 before the connection closes.
+#include "common/http_head.hpp"
 #include "server/server.hpp"
 
 #include <sys/socket.h>
@@ -140,15 +141,7 @@ void append_response_head(std::string& out, const Response& res) {
   const auto reason = res.reason();  // the stored phrase, else the standard one
   out.append(reason.data(), reason.size());
   out += "\r\n";
-  for (const auto& f : res) {
-    const auto name = f.name_string();
-    const auto value = f.value();
-    out.append(name.data(), name.size());
-    out += ": ";
-    out.append(value.data(), value.size());
-    out += "\r\n";
-  }
-  out += "\r\n";
+  http_head::append_fields(out, res.base());
 }
 
 asio::ip::address listen_address(const settings::Endpoint& endpoint) {

@@ -10,6 +10,7 @@
 #include <limits>
 #include <set>
 
+#include "common/json_text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -445,34 +446,7 @@ std::string route_shape(std::string_view path) {
   return out;
 }
 
-std::string json_quote(std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(s.size() + 2);
-  out += '"';
-  for (char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (u < 0x20) {
-          out += "\\u00";
-          out += kHex[u >> 4];
-          out += kHex[u & 0xf];
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-  return out;
-}
+std::string json_quote(std::string_view s) { return text::json_quote(s); }
 
 std::string expand_env(std::string_view text, const EnvLookup& env) {
   std::string out;

@@ -1,5 +1,7 @@
 #include "store/header_codec.hpp"
 
+#include "common/json_text.hpp"
+
 #include <cstdint>
 
 namespace idem::store::detail {
@@ -37,27 +39,9 @@ std::optional<std::string> from_hex(std::string_view hex) {
   return out;
 }
 
-void append_json_string(std::string& out, std::string_view s) {
-  out.push_back('"');
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out.push_back(kHexDigits[c >> 4]);
-          out.push_back(kHexDigits[c & 0x0f]);
-        } else {
-          out.push_back(static_cast<char>(c));  // UTF-8 passes through unescaped
-        }
-    }
-  }
-  out.push_back('"');
-}
+// Every stored pair is valid UTF-8 by now (others went through to_hex), so the shared
+// escaper never has to repair anything here.
+using text::append_json_string;
 
 void append_utf8(std::string& out, std::uint32_t cp) {
   if (cp < 0x80) {

@@ -13,6 +13,7 @@
 // pooled connection keeps its read buffer and its deadline timer, the deadline timer is
 // lazy (see Connection::arm), and the request head is written by hand in one buffer
 // rather than through Beast's serializer.
+#include "common/http_head.hpp"
 #include "upstream/client.hpp"
 
 #include <sys/socket.h>
@@ -100,15 +101,7 @@ void append_request_head(std::string& out, const Request& req) {
   out += '.';
   out += static_cast<char>('0' + version % 10);
   out += "\r\n";
-  for (const auto& f : req) {
-    const auto name = f.name_string();
-    const auto value = f.value();
-    out.append(name.data(), name.size());
-    out += ": ";
-    out.append(value.data(), value.size());
-    out += "\r\n";
-  }
-  out += "\r\n";
+  http_head::append_fields(out, req.base());
 }
 
 // One connection to the backend and what it keeps from one exchange to the next.
