@@ -54,12 +54,7 @@ std::string retry_after_seconds(Millis d) {
   return std::to_string(secs);
 }
 
-std::string_view store_error_kind(const error_code& ec) {
-  if (ec == errc::store_timeout) return "timeout";
-  if (ec == errc::store_busy) return "busy";
-  if (ec == errc::store_unavailable) return "unavailable";
-  return "protocol";
-}
+using obs::store_error_kind;
 
 }  // namespace
 
@@ -483,7 +478,8 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
         if (!taken) co_return store_unavailable(taken.error());
         if (*taken) {
           deps_.metrics->takeover();
-          spdlog::info("took over an expired lease: attempt {} -> {}", (*row)->attempt, **taken);
+          spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}",
+                       rs.name, x.key_hash, (*row)->attempt, **taken);
           co_return co_await run_as_owner(x, **taken);
         }
         continue;
@@ -557,8 +553,8 @@ asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, std::int64_
 
   auto fenced = [&](std::string_view what) {
     deps_.metrics->fenced_write();
-    spdlog::warn("{} fenced: attempt {} no longer owns the record (route {})", what, attempt,
-                 rs.name);
+    spdlog::warn("{} fenced: attempt {} no longer owns the record (route {}, key_hash {})", what,
+                 attempt, rs.name, x.key_hash);
   };
 
   switch (out.failure) {
