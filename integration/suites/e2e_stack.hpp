@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,27 @@ struct Counts {
   std::int64_t reservations = 0;
 };
 Counts counts(Db& db, const std::string& tenant);
+
+// The part of the counts that one logical operation must leave exactly once: its order,
+// its idempotency row, its outbox event, its charge and its reservation.
+struct Footprint {
+  std::int64_t orders = 0;
+  std::int64_t idempotency_rows = 0;
+  std::int64_t outbox = 0;
+  std::int64_t charges = 0;
+  std::int64_t reservations = 0;
+  bool operator==(const Footprint&) const = default;
+};
+inline constexpr Footprint kOneOperation{1, 1, 1, 1, 1};
+inline Footprint footprint(const Counts& c) {
+  return {c.orders, c.idempotency_rows, c.outbox, c.charges, c.reservations};
+}
+// doctest prints both sides of a failed CHECK with this.
+inline std::ostream& operator<<(std::ostream& os, const Footprint& f) {
+  return os << "{orders " << f.orders << ", idempotency rows " << f.idempotency_rows
+            << ", outbox " << f.outbox << ", charges " << f.charges << ", reservations "
+            << f.reservations << "}";
+}
 
 // Waits until the relay marked `events` outbox events of the tenant delivered (and none is
 // dead), then returns the counts. The relay is asynchronous: never assert its effects

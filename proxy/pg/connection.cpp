@@ -464,6 +464,13 @@ asio::awaitable<error_code> Connection::setup_session(const PoolOptions& options
   co_return first_error;
 }
 
+// Nearly always the first PQflush empties libpq's buffer into the socket (callers try it
+// inline, without a coroutine frame); an error or a full kernel buffer comes here.
+asio::awaitable<error_code> Connection::finish_flush(int first_flush) {
+  if (first_flush < 0) co_return lost("cannot send to the server");
+  co_return co_await flush();
+}
+
 asio::awaitable<error_code> Connection::flush() {
   for (;;) {
     const int r = PQflush(conn_);
@@ -586,15 +593,9 @@ asio::awaitable<result<Result>> Connection::run(const Command& command, Millis d
   if (sent != 1) {
     out = lost("cannot send the statement");
   } else {
-    // Nearly always one PQflush empties libpq's buffer into the socket; only a full
-    // kernel buffer needs flush()'s waiting loop (and a coroutine frame).
-    error_code ec;
     const int flushed = PQflush(conn_);
-    if (flushed < 0) {
-      ec = lost("cannot send to the server");
-    } else if (flushed > 0) {
-      ec = co_await flush();
-    }
+    error_code ec;
+    if (flushed != 0) ec = co_await finish_flush(flushed);
     if (ec) {
       out = ec;
     } else {
@@ -701,13 +702,9 @@ asio::awaitable<result<std::vector<Result>>> Connection::run_pipeline(
   if (!sent || PQpipelineSync(conn_) != 1) {
     out = lost("cannot send the pipeline");
   } else {
-    error_code ec;
     const int flushed = PQflush(conn_);
-    if (flushed < 0) {
-      ec = lost("cannot send to the server");
-    } else if (flushed > 0) {
-      ec = co_await flush();
-    }
+    error_code ec;
+    if (flushed != 0) ec = co_await finish_flush(flushed);
     if (ec) {
       out = ec;
     } else {

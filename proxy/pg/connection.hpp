@@ -77,6 +77,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::awaitable<error_code> start_and_setup(const PoolOptions& options);
   asio::awaitable<error_code> poll_connect();
   asio::awaitable<error_code> setup_session(const PoolOptions& options);
+  asio::awaitable<error_code> finish_flush(int first_flush);
   asio::awaitable<error_code> flush();
   // The next PGresult of the current command (nullptr = the command is finished).
   asio::awaitable<result<::pg_result*>> next_result();
