@@ -59,17 +59,8 @@ TEST_CASE("invalid configuration exits 2 naming the file, line and key") {
 }
 
 TEST_CASE("migrate applies the embedded migrations once and records their checksums") {
-  Db admin(database_url());
-  const auto name = "idem_cli_" + unique("db").substr(3);
-  admin.exec("CREATE DATABASE " + name);
-  struct Drop {
-    Db& db;
-    std::string name;
-    ~Drop() { try { db.exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); } catch (...) {} }
-  } drop{admin, name};
-  const auto url = database_url();
-  const auto slash = url.rfind('/');
-  const auto db_url = url.substr(0, slash + 1) + name;
+  FreshDatabase fresh;
+  const auto db_url = fresh.url();
 
   TempDir dir("cli");
   auto cfg = write(dir, "m.yaml",
@@ -89,16 +80,8 @@ TEST_CASE("migrate applies the embedded migrations once and records their checks
 }
 
 TEST_CASE("serve refuses a schema that is behind unless migrate: auto") {
-  Db admin(database_url());
-  const auto name = "idem_cli_" + unique("db").substr(3);
-  admin.exec("CREATE DATABASE " + name);
-  struct Drop {
-    Db& db;
-    std::string name;
-    ~Drop() { try { db.exec("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); } catch (...) {} }
-  } drop{admin, name};
-  const auto url = database_url();
-  const auto db_url = url.substr(0, url.rfind('/') + 1) + name;
+  FreshDatabase fresh;
+  const auto db_url = fresh.url();
 
   TempDir dir("cli");
   auto cfg = write(dir, "s.yaml",

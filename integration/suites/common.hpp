@@ -4,6 +4,7 @@
 // row/problem readers the assertions use.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 
@@ -92,5 +93,51 @@ inline SidecarOptions options_for(const TestBackend& backend) {
   o.log_level = "warn";
   return o;
 }
+
+// A database of a test's own, dropped at the end. The shared test database collects rows
+// from every suite; counters that sample the whole table, and schema states (unmigrated,
+// behind), are only exact in a database nobody else touches.
+class FreshDatabase {
+ public:
+  FreshDatabase() : name_(make_name()) {
+    Db server(database_url());
+    // Identifiers cannot be bound as parameters; the name is ours (a prefix and hex).
+    server.exec("CREATE DATABASE \"" + name_ + "\"");
+  }
+  ~FreshDatabase() {
+    try {
+      Db server(database_url());
+      server.exec("DROP DATABASE IF EXISTS \"" + name_ + "\" WITH (FORCE)");
+    } catch (const std::exception&) {
+      // The server is shared and throwaway: a leftover database costs nothing.
+    }
+  }
+  FreshDatabase(const FreshDatabase&) = delete;
+  FreshDatabase& operator=(const FreshDatabase&) = delete;
+
+  const std::string& name() const { return name_; }
+
+  // DATABASE_URL pointed at this database.
+  std::string url() const {
+    const std::string base = database_url();
+    const auto scheme = base.find("://");
+    if (scheme == std::string::npos) return base + " dbname=" + name_;  // conninfo
+    const auto path = base.find('/', scheme + 3);
+    const auto query = base.find('?', scheme + 3);
+    const std::string authority = base.substr(0, std::min(path, query));
+    const std::string rest = query == std::string::npos ? std::string() : base.substr(query);
+    return authority + "/" + name_ + rest;
+  }
+
+ private:
+  static std::string make_name() {
+    std::string n = unique("idem_scratch");
+    for (auto& c : n) {
+      if (c == '-') c = '_';
+    }
+    return n;
+  }
+  std::string name_;
+};
 
 }  // namespace idem::it::suite

@@ -9,6 +9,20 @@ using namespace idem::it::suite;
 
 namespace {
 const std::string kOrder = R"({"customer_id":"c-1","amount":1000})";
+
+// Sends the first request of an operation from its own thread and returns once the
+// backend holds it (until `hold` is released): the owner is then provably in flight.
+std::future<HttpResponse> send_held_first(Sidecar& sidecar, TestBackend& backend,
+                                          const std::string& tenant, const std::string& key,
+                                          const std::string& hold) {
+  auto first = std::async(std::launch::async, [&sidecar, tenant, key, hold] {
+    HttpClient client(sidecar.port());
+    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
+  });
+  backend.wait_for_call([&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
+                        "the first request to reach the backend");
+  return first;
+}
 }
 
 TEST_CASE("50 concurrent requests with one key: one backend call, one row, identical answers") {
@@ -61,13 +75,7 @@ TEST_CASE("a duplicate past `wait` gets 409 in progress with Retry-After, then t
   const auto key = unique("key");
   const auto hold = unique("hold");
 
-  // The first request stays at the backend until released.
-  auto first = std::async(std::launch::async, [&] {
-    HttpClient client(sidecar.port());
-    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
-  });
-  backend.wait_for_call([&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
-                        "the first request to reach the backend");
+  auto first = send_held_first(sidecar, backend, tenant, key, hold);
 
   HttpClient client(sidecar.port());
   auto dup = client.post("/orders", kOrder, order_headers(tenant, key));
@@ -102,12 +110,7 @@ TEST_CASE("a duplicate within `wait` is answered with the first's result as soon
   const auto key = unique("key");
   const auto hold = unique("hold");
 
-  auto first = std::async(std::launch::async, [&] {
-    HttpClient client(sidecar.port());
-    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
-  });
-  backend.wait_for_call([&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
-                        "the first request to reach the backend");
+  auto first = send_held_first(sidecar, backend, tenant, key, hold);
   auto dup = std::async(std::launch::async, [&] {
     HttpClient client(sidecar.port());
     return client.post("/orders", kOrder, order_headers(tenant, key), 30s);

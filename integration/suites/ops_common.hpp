@@ -16,53 +16,7 @@
 
 namespace idem::it::ops {
 
-// ------------------------------------------------------------------ a database of its own
-
-// The shared test database collects rows from every suite (expired ones, stuck in-progress
-// ones). Counters that sample the whole table (expired_deleted, in_progress_oldest) are
-// only exact in a database nobody else writes to, so such tests create one.
-class FreshDatabase {
- public:
-  FreshDatabase() : name_(make_name()) {
-    Db server(database_url());
-    // Identifiers cannot be bound as parameters; the name is ours (a prefix and hex).
-    server.exec("CREATE DATABASE \"" + name_ + "\"");
-  }
-  ~FreshDatabase() {
-    try {
-      Db server(database_url());
-      server.exec("DROP DATABASE IF EXISTS \"" + name_ + "\" WITH (FORCE)");
-    } catch (const std::exception&) {
-      // The server is shared and throwaway: a leftover database costs nothing.
-    }
-  }
-  FreshDatabase(const FreshDatabase&) = delete;
-  FreshDatabase& operator=(const FreshDatabase&) = delete;
-
-  const std::string& name() const { return name_; }
-
-  // DATABASE_URL pointed at this database.
-  std::string url() const {
-    const std::string base = database_url();
-    const auto scheme = base.find("://");
-    if (scheme == std::string::npos) return base + " dbname=" + name_;  // conninfo
-    const auto path = base.find('/', scheme + 3);
-    const auto query = base.find('?', scheme + 3);
-    const std::string authority = base.substr(0, std::min(path, query));
-    const std::string rest = query == std::string::npos ? std::string() : base.substr(query);
-    return authority + "/" + name_ + rest;
-  }
-
- private:
-  static std::string make_name() {
-    std::string n = suite::unique("idem_ops");
-    for (auto& c : n) {
-      if (c == '-') c = '_';
-    }
-    return n;
-  }
-  std::string name_;
-};
+using suite::FreshDatabase;
 
 // `url` with `password` added: in the user-info of a URI (the usual spelling), else as a
 // conninfo keyword. A trust-auth server never asks for it, so it changes nothing but what

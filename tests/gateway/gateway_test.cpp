@@ -152,6 +152,8 @@ class ReadAlongStore final : public store::Store {
   store::Store& inner_;
 };
 
+const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
+
 struct Fixture {
   explicit Fixture(bool read_along = false) : read_along_store(store), upstream(ioc.get_executor()) {
     use_read_along = read_along;
@@ -225,6 +227,33 @@ struct Fixture {
     return std::move(*out);
   }
 
+  // Runs an owner held in the upstream and a duplicate of it; once the duplicate waits
+  // (registered with the waiter registry), the upstream answers. Returns both answers and
+  // how many waiters were registered at that moment.
+  struct OwnerAndDuplicate {
+    std::optional<server::Response> owner, dup;
+    std::size_t waiting_seen = 0;
+  };
+  OwnerAndDuplicate owner_and_waiting_duplicate() {
+    OwnerAndDuplicate out;
+    asio::co_spawn(ioc, [&]() -> asio::awaitable<void> {
+      asio::co_spawn(ioc, [&]() -> asio::awaitable<void> { out.owner = co_await handle(order("k1", kBody)); }, asio::detached);
+      asio::co_spawn(ioc, [&]() -> asio::awaitable<void> { out.dup = co_await handle(order("k1", kBody)); }, asio::detached);
+      // Let both run until they block: the owner in the upstream, the duplicate in its wait.
+      asio::steady_timer t(ioc);
+      const std::string key = std::string("t1") + '\0' + "POST /orders" + '\0' + "k1";
+      for (int i = 0; i < 1000 && waiters.waiting(key) == 0; ++i) {
+        t.expires_after(Millis{1});
+        co_await t.async_wait(asio::use_awaitable);
+      }
+      out.waiting_seen = waiters.waiting(key);
+      upstream.open_gate();
+    }, asio::detached);
+    ioc.restart();
+    ioc.run();
+    return out;
+  }
+
   std::optional<store::Record> row(std::string_view key, std::string_view tenant = "t1") {
     std::optional<store::Record> out;
     asio::co_spawn(ioc, [&]() -> asio::awaitable<void> {
@@ -259,7 +288,6 @@ std::string problem_code(const server::Response& res) {
   return b.substr(start, b.find('"', start) - start);
 }
 
-const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
 
 }  // namespace
 
@@ -471,22 +499,7 @@ TEST_CASE("a duplicate waits for an in-process owner and is woken by its complet
   Fixture f;
   f.route().wait = Millis{10000};
   f.upstream.hold_next();
-  std::optional<server::Response> owner, dup;
-  std::size_t waiting_seen = 0;
-  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
-    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
-    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { dup = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
-    // Let both run until they block: the owner in the upstream, the duplicate in its wait.
-    asio::steady_timer t(f.ioc);
-    const std::string key = std::string("t1") + '\0' + "POST /orders" + '\0' + "k1";
-    for (int i = 0; i < 1000 && f.waiters.waiting(key) == 0; ++i) {
-      t.expires_after(Millis{1});
-      co_await t.async_wait(asio::use_awaitable);
-    }
-    waiting_seen = f.waiters.waiting(key);
-    f.upstream.open_gate();
-  }, asio::detached);
-  f.ioc.run();
+  auto [owner, dup, waiting_seen] = f.owner_and_waiting_duplicate();
   CHECK(waiting_seen == 1);
   REQUIRE(owner);
   REQUIRE(dup);
@@ -659,21 +672,7 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     Fixture f(true);
     f.route().wait = Millis{10000};
     f.upstream.hold_next();
-    std::optional<server::Response> owner, dup;
-    std::size_t waiting_seen = 0;
-    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
-      asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
-      asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { dup = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
-      asio::steady_timer t(f.ioc);
-      const std::string key = std::string("t1") + '\0' + "POST /orders" + '\0' + "k1";
-      for (int i = 0; i < 1000 && f.waiters.waiting(key) == 0; ++i) {
-        t.expires_after(Millis{1});
-        co_await t.async_wait(asio::use_awaitable);
-      }
-      waiting_seen = f.waiters.waiting(key);
-      f.upstream.open_gate();
-    }, asio::detached);
-    f.ioc.run();
+    auto [owner, dup, waiting_seen] = f.owner_and_waiting_duplicate();
     CHECK(waiting_seen == 1);
     REQUIRE(owner);
     REQUIRE(dup);
