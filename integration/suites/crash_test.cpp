@@ -128,6 +128,56 @@ TEST_CASE("a paused owner resumed after a takeover cannot overwrite the new atte
   CHECK(stale.log().find("fenced") != std::string::npos);
 }
 
+TEST_CASE("a stale owner finishing while the new attempt still runs changes nothing") {
+  // The row is still in progress under attempt 2 when attempt 1 tries to complete it, so
+  // only the attempt token (not the state) can stop that write.
+  TestBackend backend;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto stale_hold = unique("hold");
+  const auto fresh_hold = unique("hold");
+  Sidecar stale(crash_options(backend));
+  Sidecar fresh(crash_options(backend));
+  auto attempt_is = [&](const char* n) {
+    return [&tenant, n](const BackendCall& c) {
+      return c.header("X-Tenant-Id") == tenant && c.header("X-Idempotency-Attempt") == n;
+    };
+  };
+
+  auto stale_answer = std::async(std::launch::async, [&] {
+    HttpClient client(stale.port());
+    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", stale_hold}}), 30s);
+  });
+  backend.wait_for_call(attempt_is("1"), "attempt 1 to reach the backend");
+  stale.signal(SIGSTOP);
+  wait_for_lease_expiry(db, tenant, key);
+
+  auto fresh_answer = std::async(std::launch::async, [&] {
+    HttpClient client(fresh.port());
+    return client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", fresh_hold}}), 30s);
+  });
+  backend.wait_for_call(attempt_is("2"), "attempt 2 to reach the backend");
+
+  stale.signal(SIGCONT);
+  backend.release(stale_hold);
+  CHECK(stale_answer.get().status == 201);  // sent only after its completion was tried
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+  CHECK(row->attempt == 2);
+  CHECK_FALSE(row->status.has_value());
+
+  backend.release(fresh_hold);
+  const auto taken = fresh_answer.get();
+  CHECK(taken.status == 201);
+  row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->attempt == 2);
+  CHECK(row->body == taken.body);
+}
+
 TEST_CASE("an upstream that times out leaves the outcome unknown: 504, then an immediate takeover") {
   TestBackend backend;
   Db db(database_url());
