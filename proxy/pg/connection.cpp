@@ -113,6 +113,9 @@ void Connection::close() noexcept {
   // PQfinish closes it, or Asio would later close a descriptor number that may already
   // belong to another file.
   if (socket_.is_open()) socket_.release();
+  // A connect may be suspended in a name lookup: it must not go on to open a session on
+  // a connection its owner already closed.
+  resolver_.cancel();
   if (conn_) {
     PQfinish(conn_);
     conn_ = nullptr;
@@ -140,6 +143,33 @@ bool Connection::idle_healthy() const noexcept {
   pfd.events = POLLIN;
   const int n = ::poll(&pfd, 1, 0);
   return n == 0;
+}
+
+error_code Connection::consume_input() {
+  if (!conn_ || broken_) {
+    error_message_ = "connection is not usable";
+    return make_error_code(errc::connection_lost);
+  }
+  // PQconsumeInput reports EOF as a failure; a FATAL message ahead of it (shutdown,
+  // pg_terminate_backend) arrives outside any call and goes to the notice processor, so
+  // the EOF is what tells the session is over.
+  if (PQconsumeInput(conn_) != 1 || PQstatus(conn_) != CONNECTION_OK) {
+    return lost("cannot read from the server");
+  }
+  return {};
+}
+
+std::vector<Notification> Connection::take_notifications() {
+  std::vector<Notification> out;
+  if (!conn_) return out;
+  struct FreeNotify {
+    void operator()(PGnotify* n) const noexcept { PQfreemem(n); }
+  };
+  // PQnotifies also parses input read earlier but not yet looked at.
+  while (std::unique_ptr<PGnotify, FreeNotify> n{PQnotifies(conn_)}) {
+    out.push_back(Notification{n->relname, n->extra ? n->extra : ""});
+  }
+  return out;
 }
 
 void Connection::arm_deadline(Millis d) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
@@ -27,6 +28,12 @@ struct Command {
   Kind kind = Kind::sql;
   std::string_view text;              // statement name or SQL
   const std::vector<Param>* params = nullptr;
+};
+
+// A NOTIFY message libpq has received, copied out of its PGnotify.
+struct Notification {
+  std::string channel;
+  std::string payload;
 };
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -54,8 +61,24 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // Before handing out an idle connection: did the server close it meanwhile? Cheap
   // (one non-blocking poll), never waits.
   bool idle_healthy() const noexcept;
-  // Releases the socket from Asio and frees libpq's connection. Idempotent.
+  // Releases the socket from Asio and frees libpq's connection. Idempotent. A coroutine
+  // suspended in a call or a connect wakes up with errc::cancelled.
   void close() noexcept;
+
+  // For a LISTEN session, between calls. Completes when the socket has input (or
+  // failed); it neither reads nor touches the call state, so cancelling it (a ping
+  // interval elapsed first) leaves the connection usable.
+  template <class CompletionToken>
+  auto async_wait_input(CompletionToken&& token) {
+    return socket_.async_wait(asio::posix::stream_descriptor::wait_read,
+                              std::forward<CompletionToken>(token));
+  }
+  // Reads whatever input arrived, never blocking. connection_lost (message in
+  // error_message()) when the server closed the session or the socket failed.
+  error_code consume_input();
+  // The notifications libpq has received so far, during calls or consume_input(), oldest
+  // first.
+  std::vector<Notification> take_notifications();
 
   const std::string& error_message() const noexcept { return error_message_; }
   int backend_pid() const noexcept;
