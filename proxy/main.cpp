@@ -28,10 +28,13 @@
 
 #include "admin/admin.hpp"
 #include "gateway/gateway.hpp"
+#include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
+#include "idempotency/fingerprint.hpp"
 #include "observability/logging.hpp"
 #include "observability/metrics.hpp"
+#include "pg/listener.hpp"
 #include "pg/pool.hpp"
 #include "server/server.hpp"
 #include "settings/settings.hpp"
@@ -127,7 +130,8 @@ std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path) {
 // Listener, upstream, database and workers are bound at start-up. A reload keeps the
 // running values for them (and says so) rather than half-applying a change.
 std::shared_ptr<const gateway::Runtime> reload_runtime(const std::string& path,
-                                                       const settings::Settings& running) {
+                                                       const settings::Settings& running,
+                                                       bool change_listener_running) {
   auto loaded = load_runtime(path);
   auto next = std::make_shared<settings::Settings>(loaded->settings());
   auto keep = [](std::string_view what, auto& field, const auto& current, bool changed) {
@@ -151,6 +155,11 @@ std::shared_ptr<const gateway::Runtime> reload_runtime(const std::string& path,
   };
   keep("admin.listen", next->admin.listen, running.admin.listen,
        !same_endpoint(next->admin.listen, running.admin.listen));
+  // The cache can only serve with the change listener, which starts with the process.
+  if (!change_listener_running) {
+    keep("replay_cache.enabled", next->replay_cache.enabled, running.replay_cache.enabled,
+         next->replay_cache.enabled != running.replay_cache.enabled);
+  }
   return gateway::Runtime::build(std::move(next));
 }
 
@@ -180,6 +189,13 @@ class WorkerContext : public asio::io_context {
   using asio::io_context::io_context;
   void destroy_pending() { shutdown(); }
 };
+
+gateway::ReplayCacheOptions replay_cache_options(const settings::ReplayCacheSettings& s) {
+  return gateway::ReplayCacheOptions{s.enabled, s.max_bytes, s.ttl};
+}
+
+// Every change to a completed record is announced on this channel (migration 0002).
+constexpr std::string_view kRecordChannel = "idemproxy_records";
 
 struct Worker {
   WorkerContext ioc{1};
@@ -337,6 +353,8 @@ int run_serve(const std::string& path) {
   auto waiters = std::make_shared<gateway::WaiterRegistry>();
   auto gauge = std::make_shared<server::ConnectionGauge>();
   auto stopping = std::make_shared<std::atomic<bool>>(false);
+  auto replay_cache = std::make_shared<gateway::ReplayCache>(metrics.get());
+  replay_cache->configure(replay_cache_options(cfg.replay_cache));
 
   std::vector<std::unique_ptr<Worker>> pool_of_workers;
   try {
@@ -367,6 +385,7 @@ int run_serve(const std::string& path) {
       deps.upstream = w->upstream.get();
       deps.waiters = waiters.get();
       deps.metrics = metrics.get();
+      deps.replay_cache = replay_cache.get();
       w->gateway = std::make_unique<gateway::Gateway>(std::move(deps));
 
       auto* gw = w->gateway.get();
@@ -406,6 +425,9 @@ int run_serve(const std::string& path) {
       ad.readiness = admin::pg_readiness(first.pool, kAdminStoreDeadline);
       ad.token = [holder] { return holder->load()->settings().admin.token; };
       ad.store_deadline = kAdminStoreDeadline;
+      ad.on_purged = [cache = replay_cache.get()](const store::RecordId& id) {
+        cache->evict(idempotency::operation_id(id.tenant, id.endpoint, id.key));
+      };
       admin_handler = std::make_unique<admin::Handler>(std::move(ad));
       auto* ah = admin_handler.get();
       server::Handler handler = [ah](server::Request& req, const server::RequestContext& ctx) {
@@ -434,6 +456,41 @@ int run_serve(const std::string& path) {
 
   asio::co_spawn(first.ioc, housekeeping(*first.store, *metrics, holder, stopping),
                  [](std::exception_ptr e) { log_task_end("retention cleanup", e); });
+
+  // The replay cache serves only while this session listens for record changes: one
+  // connection beyond pool_size, on worker 0's loop.
+  std::shared_ptr<pg::Listener> change_listener;
+  if (cfg.replay_cache.enabled) {
+    pg::ListenerOptions lo;
+    lo.conninfo = cfg.database.url;
+    lo.channel = std::string(kRecordChannel);
+    lo.connect_timeout = cfg.database.connect_timeout;
+    lo.statement_timeout = cfg.database.statement_timeout;
+    // Without the trigger (a schema behind, or the trigger disabled) deletions would go
+    // unannounced: the cache then stays off.
+    lo.ready_check_sql =
+        "SELECT to_regclass('idempotency_requests') IS NOT NULL AND EXISTS ("
+        "SELECT 1 FROM pg_trigger WHERE tgrelid = to_regclass('idempotency_requests') "
+        "AND tgname = 'idempotency_requests_announce_change' AND tgenabled <> 'D')";
+    lo.ready_check_failure =
+        "the table idempotency_requests has no enabled change trigger (migration 0002); run "
+        "`idemproxy migrate` — until then every replay reads PostgreSQL";
+    change_listener = pg::Listener::start(
+        first.ioc.get_executor(), std::move(lo),
+        [cache = replay_cache.get(), m = metrics.get()](std::string_view op_id) {
+          m->replay_cache_notification();
+          cache->evict(op_id);
+        },
+        [cache = replay_cache.get()](bool listening) {
+          cache->set_listening(listening);
+          if (listening) {
+            spdlog::info("replay cache: listening for record changes; serving replays from memory");
+          } else {
+            spdlog::warn("replay cache: not listening for record changes; every replay reads "
+                         "the database until the listener reconnects");
+          }
+        });
+  }
 
   std::vector<asio::executor_work_guard<asio::io_context::executor_type>> guards;
   for (auto& w : pool_of_workers) {
@@ -466,8 +523,11 @@ int run_serve(const std::string& path) {
     if (ec) return;
     if (sig == SIGHUP) {
       try {
-        auto next = reload_runtime(path, holder->load()->settings());
+        auto next = reload_runtime(path, holder->load()->settings(), change_listener != nullptr);
         obs::setup_logging(next->settings().log);
+        // Routes may have changed what a record answers (replay headers, scopes): start
+        // the cache afresh with the new options.
+        replay_cache->configure(replay_cache_options(next->settings().replay_cache));
         holder->store(std::move(next));
         spdlog::info("configuration reloaded from {}", path);
       } catch (const settings::ConfigError& e) {
@@ -514,6 +574,7 @@ int run_serve(const std::string& path) {
     admin_server->stop_accepting();
     admin_server->close_idle();
   }
+  if (change_listener) asio::post(first.ioc, [l = change_listener] { l->stop(); });
   for (auto& w : pool_of_workers) {
     asio::post(w->ioc, [w = w.get()] {
       w->upstream->shutdown();

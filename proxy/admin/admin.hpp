@@ -60,6 +60,9 @@ struct Dependencies {
   std::function<std::string()> token;
   // Bound on each store call the handler makes (record calls, the scrape-time sample).
   Millis store_deadline{1000};
+  // After every purge attempt, before answering: forget the record in this process (the
+  // replay cache), so that this replica never replays it once the DELETE has returned.
+  std::function<void(const store::RecordId&)> on_purged;
 };
 
 class Handler {

@@ -76,6 +76,7 @@ struct Gateway::Exchange {
   std::string principal;
   store::RecordId id;
   std::string waiter_key;
+  std::string operation_id;  // computed once, when first needed
 
   Outcome outcome = Outcome::passthrough;
   std::string_view code;
@@ -307,8 +308,8 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
     up.set("X-Forwarded-For", chain);
   }
   if (attempt > 0) {
-    up.set(std::string(kOperationIdHeader),
-           idempotency::operation_id(x.tenant, x.id.endpoint, x.key));
+    if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
+    up.set(std::string(kOperationIdHeader), x.operation_id);
     up.set(std::string(kAttemptHeader), std::to_string(attempt));
   }
   up.body() = std::move(x.request.body());
@@ -414,6 +415,69 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     return res;
   };
 
+  auto mismatch = [&] {
+    x.outcome = Outcome::key_reused;
+    x.code = "idempotency_key_reused";
+    return problem(x, static_cast<http::status>(rs.mismatch_status), x.code,
+                   "Idempotency key reused",
+                   "this key was already used with a different request; use a new key for a new "
+                   "operation");
+  };
+  auto forbidden = [&] {
+    x.code = "idempotency_key_forbidden";
+    return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
+                   "this key belongs to an operation of another principal");
+  };
+
+  // A completed record replayed recently is answered from memory (see replay_cache.hpp for
+  // why that answer is always the one the store would give). Only replays, mismatches and
+  // refusals come from here; anything else goes to the store.
+  ReplayCache* const cache = deps_.replay_cache;
+  const bool cache_active = cache != nullptr && cache->active();
+  if (cache_active) {
+    x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
+    if (auto hit = cache->find(x.operation_id, x.id)) {
+      idempotency::Situation sit;
+      sit.row = idempotency::RowView{hit->fingerprint, hit->principal, true, hit->attempt, false,
+                                     false};
+      sit.fingerprint = x.fingerprint;
+      sit.principal = x.principal;
+      sit.check_principal = check_principal;
+      switch (idempotency::decide(sit)) {
+        case Action::replay:
+          x.outcome = Outcome::replayed;
+          x.attempt = hit->attempt;
+          co_return replay(hit->response, x);
+        case Action::reject_mismatch:
+          co_return mismatch();
+        case Action::forbid:
+          co_return forbidden();
+        default:
+          break;
+      }
+    }
+  }
+  // Taken before each store call that may hand back a row, so the row can be cached only
+  // if nothing changed the record since (ReplayCache::Ticket).
+  ReplayCache::Ticket ticket;
+  auto take_ticket = [&] {
+    if (cache_active) ticket = cache->ticket(x.operation_id);
+  };
+  auto cache_row = [&](const store::Record& r) {
+    if (!cache_active || !ticket.valid || r.state != store::State::completed || r.expired ||
+        !r.response) {
+      return;
+    }
+    auto entry = std::make_shared<ReplayCache::Entry>();
+    entry->id = x.id;
+    entry->fingerprint = r.fingerprint;
+    entry->principal = r.principal;
+    entry->attempt = r.attempt;
+    entry->response = *r.response;
+    cache->insert(ticket, x.operation_id, r.retention_remaining, std::move(entry));
+  };
+
+  take_ticket();
   auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
   if (!claimed) co_return store_unavailable(claimed.error());
   if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
@@ -437,6 +501,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
       prefetched.reset();
     } else {
       read_before_waiter = false;
+      take_ticket();
       fetched.emplace(co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id)));
     }
     auto& row = *fetched;
@@ -456,6 +521,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
 
     switch (idempotency::decide(sit)) {
       case Action::claim_again: {
+        take_ticket();
         claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
         if (!claimed) co_return store_unavailable(claimed.error());
         if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
@@ -484,19 +550,12 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
         }
         continue;
       }
-      case Action::reject_mismatch: {
-        x.outcome = Outcome::key_reused;
-        x.code = "idempotency_key_reused";
-        co_return problem(x, static_cast<http::status>(rs.mismatch_status), x.code,
-                          "Idempotency key reused",
-                          "this key was already used with a different request; use a new key "
-                          "for a new operation");
-      }
-      case Action::forbid: {
-        x.code = "idempotency_key_forbidden";
-        co_return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
-                          "this key belongs to an operation of another principal");
-      }
+      case Action::reject_mismatch:
+        cache_row(**row);
+        co_return mismatch();
+      case Action::forbid:
+        cache_row(**row);
+        co_return forbidden();
       case Action::replay: {
         x.outcome = Outcome::replayed;
         x.attempt = (*row)->attempt;
@@ -504,6 +563,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
           // A completed row always has a response; anything else is a store defect.
           co_return store_unavailable(make_error_code(errc::store_protocol));
         }
+        cache_row(**row);
         co_return replay(*(*row)->response, x);
       }
       case Action::wait: {

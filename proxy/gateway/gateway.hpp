@@ -9,6 +9,7 @@
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
+#include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
 #include "observability/metrics.hpp"
@@ -25,6 +26,7 @@ struct Dependencies {
   upstream::Client* upstream = nullptr;    // this worker's upstream pool
   WaiterRegistry* waiters = nullptr;       // process-wide
   obs::Metrics* metrics = nullptr;         // process-wide
+  ReplayCache* replay_cache = nullptr;     // process-wide; nullptr = no cache
 };
 
 class Gateway {

@@ -202,7 +202,17 @@ class Family {
   X(store_errors,       Counter,         "idemproxy_store_errors_total",         "kind",         \
     "Failed store operations, by kind of failure.")                                              \
   X(in_progress_oldest, Gauge,           "idemproxy_in_progress_oldest_seconds", "",             \
-    "Age of the oldest in-progress record (0 when none): a stuck claim shows here.")
+    "Age of the oldest in-progress record (0 when none): a stuck claim shows here.")            \
+  X(cache_lookups,      Counter,         "idemproxy_replay_cache_lookups_total", "result",       \
+    "Replay cache lookups of protected requests while the cache is active, by result.")          \
+  X(cache_notifications, Counter,        "idemproxy_replay_cache_notifications_total", "",      \
+    "Record changes announced by PostgreSQL and evicted from the replay cache.")                 \
+  X(cache_active,       Gauge,           "idemproxy_replay_cache_active",        "",             \
+    "1 while the replay cache serves (enabled and listening for record changes), else 0.")      \
+  X(cache_entries,      Gauge,           "idemproxy_replay_cache_entries",       "",             \
+    "Records held by the replay cache.")                                                         \
+  X(cache_bytes,        Gauge,           "idemproxy_replay_cache_bytes",         "",             \
+    "Approximate memory held by the replay cache.")
 // clang-format on
 
 // --- Prometheus text format -------------------------------------------------------------
@@ -360,6 +370,12 @@ struct Metrics::Impl {
   Counter& renewal = lease_renewals.get("");
   Counter& expired = expired_deleted.get("");
   Gauge& oldest = in_progress_oldest.get("");
+  Counter& cache_hit = cache_lookups.get("hit");
+  Counter& cache_miss = cache_lookups.get("miss");
+  Counter& cache_notified = cache_notifications.get("");
+  Gauge& cache_on = cache_active.get("");
+  Gauge& cache_count = cache_entries.get("");
+  Gauge& cache_size = cache_bytes.get("");
   std::array<Histogram*, kStoreOpCount> store_ops{};
 
   Impl() {
@@ -392,6 +408,13 @@ void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
 void Metrics::set_in_progress_oldest(double seconds) { impl_->oldest.value.store(seconds, kRelaxed); }
+void Metrics::replay_cache_lookup(bool hit) { (hit ? impl_->cache_hit : impl_->cache_miss).add(1); }
+void Metrics::replay_cache_notification() { impl_->cache_notified.add(1); }
+void Metrics::set_replay_cache(bool active, std::size_t entries, std::size_t bytes) {
+  impl_->cache_on.value.store(active ? 1.0 : 0.0, kRelaxed);
+  impl_->cache_count.value.store(static_cast<double>(entries), kRelaxed);
+  impl_->cache_size.value.store(static_cast<double>(bytes), kRelaxed);
+}
 
 std::uint64_t Metrics::requests(std::string_view route, Outcome outcome) const {
   const auto i = static_cast<std::size_t>(outcome);
@@ -401,6 +424,8 @@ std::uint64_t Metrics::requests(std::string_view route, Outcome outcome) const {
 
 std::uint64_t Metrics::takeovers() const { return impl_->takeover.get(); }
 std::uint64_t Metrics::fenced_writes() const { return impl_->fenced.get(); }
+std::uint64_t Metrics::replay_cache_hits() const { return impl_->cache_hit.get(); }
+std::uint64_t Metrics::replay_cache_notifications() const { return impl_->cache_notified.get(); }
 
 std::string Metrics::render_prometheus() const {
   std::string out;

@@ -51,11 +51,16 @@ class Metrics {
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
   void set_in_progress_oldest(double seconds);  // 0 when none
+  void replay_cache_lookup(bool hit);
+  void replay_cache_notification();
+  void set_replay_cache(bool active, std::size_t entries, std::size_t bytes);
 
   // Reads for tests and the admin endpoint.
   std::uint64_t requests(std::string_view route, Outcome outcome) const;
   std::uint64_t takeovers() const;
   std::uint64_t fenced_writes() const;
+  std::uint64_t replay_cache_hits() const;
+  std::uint64_t replay_cache_notifications() const;
 
   std::string render_prometheus() const;
 

@@ -477,6 +477,13 @@ void parse_cleanup(const Loader& L, const Item& it, CleanupSettings& c) {
   if (auto v = m.get("batch")) c.batch = static_cast<std::size_t>(L.integer(*v, 1, 100'000));
 }
 
+void parse_replay_cache(const Loader& L, const Item& it, ReplayCacheSettings& c) {
+  Map m(L, it, {"enabled", "max_bytes", "ttl"});
+  if (auto v = m.get("enabled")) c.enabled = L.boolean(*v);
+  if (auto v = m.get("max_bytes")) c.max_bytes = L.size(*v, 0, 4 * GiB);
+  if (auto v = m.get("ttl")) c.ttl = L.duration(*v, kOneMs);
+}
+
 // Returns the line of key.header, for the cross-check against the tenant headers.
 int parse_key(const Loader& L, const Item& it, KeySettings& k) {
   Map m(L, it, {"header", "required", "max_length"});
@@ -650,7 +657,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
   Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
-                  "cleanup", "unmatched", "routes"});
+                  "cleanup", "replay_cache", "unmatched", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
@@ -661,6 +668,7 @@ Settings parse_root(const Loader& L, const Item& root) {
   if (auto v = m.get("admin")) parse_admin(L, *v, s.admin);
   if (auto v = m.get("log")) parse_log(L, *v, s.log);
   if (auto v = m.get("cleanup")) parse_cleanup(L, *v, s.cleanup);
+  if (auto v = m.get("replay_cache")) parse_replay_cache(L, *v, s.replay_cache);
   if (auto v = m.get("unmatched")) {
     s.unmatched = L.choice<Unmatched>(*v, {{"pass", Unmatched::pass}, {"reject", Unmatched::reject}});
   }

@@ -306,6 +306,11 @@ std::string render_effective(const Settings& s) {
   line(2, "interval", format_duration(s.cleanup.interval));
   line(2, "batch", std::to_string(s.cleanup.batch));
 
+  section(0, "replay_cache");
+  line(2, "enabled", s.replay_cache.enabled ? "true" : "false");
+  line(2, "max_bytes", format_size(s.replay_cache.max_bytes));
+  line(2, "ttl", format_duration(s.replay_cache.ttl));
+
   line(0, "unmatched", name(s.unmatched));
 
   if (s.routes.empty()) {

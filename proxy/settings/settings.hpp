@@ -76,6 +76,13 @@ struct CleanupSettings {
   std::size_t batch = 1000;
 };
 
+// Not in the contract's example: documented extension (docs/configuration.md).
+struct ReplayCacheSettings {
+  bool enabled = true;
+  std::size_t max_bytes = 32u << 20;  // per process
+  Millis ttl{10000};
+};
+
 enum class Unmatched { pass, reject };
 
 struct KeySettings {
@@ -139,6 +146,7 @@ struct Settings {
   AdminSettings admin;
   LogSettings log;
   CleanupSettings cleanup;
+  ReplayCacheSettings replay_cache;
   Unmatched unmatched = Unmatched::pass;
   std::vector<RouteSettings> routes;
 };

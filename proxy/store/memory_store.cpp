@@ -86,6 +86,8 @@ asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId&
     // Rounded up like the SQL's ceil(): a live lease never reads as 0 ms remaining.
     rec.lease_remaining = std::chrono::ceil<Millis>(*row.lease_expires_at - now);
   }
+  // Rounded down like the SQL's floor(): never claims more time than is left.
+  if (row.expires_at > now) rec.retention_remaining = std::chrono::floor<Millis>(row.expires_at - now);
   if (row.state == State::completed) rec.response = row.response;
   rec.created_at_us = epoch_us(row.created_at);
   rec.completed_at_us = row.completed_at ? epoch_us(*row.completed_at) : 0;

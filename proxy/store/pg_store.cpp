@@ -63,7 +63,8 @@ SELECT request_fingerprint,
        (extract(epoch FROM created_at) * 1000000)::bigint,
        (extract(epoch FROM completed_at) * 1000000)::bigint,
        (extract(epoch FROM expires_at) * 1000000)::bigint,
-       (extract(epoch FROM lease_expires_at) * 1000000)::bigint
+       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
+       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint
 FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 
@@ -199,6 +200,7 @@ enum ReadColumn {
   kColCompletedAt,
   kColExpiresAt,
   kColLeaseExpiresAt,
+  kColRetentionRemaining,
   kReadColumns
 };
 
@@ -221,11 +223,15 @@ result<Record> decode_record(const pg::Result& r) {
   const auto lease_remaining = r.int64(0, kColLeaseRemaining);
   const auto created = r.int64(0, kColCreatedAt);
   const auto expires = r.int64(0, kColExpiresAt);
-  if (!attempt || !expired || !lease_remaining || !created || !expires) return bad_row();
+  const auto retention_remaining = r.int64(0, kColRetentionRemaining);
+  if (!attempt || !expired || !lease_remaining || !created || !expires || !retention_remaining) {
+    return bad_row();
+  }
   rec.attempt = *attempt;
   rec.lease_expired = lease_expired.value_or(false);  // NULL for completed rows
   rec.expired = *expired;
   rec.lease_remaining = Millis{*lease_remaining};
+  rec.retention_remaining = Millis{*retention_remaining};
   rec.created_at_us = *created;
   rec.expires_at_us = *expires;
   rec.completed_at_us = r.int64(0, kColCompletedAt).value_or(0);

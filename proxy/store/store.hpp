@@ -50,6 +50,7 @@ struct Record {
   bool lease_expired = false;  // in_progress and lease_expires_at <= now
   bool expired = false;        // expires_at <= now (retention passed)
   Millis lease_remaining{0};   // > 0 only while a live lease runs
+  Millis retention_remaining{0};  // time until expires_at, rounded down; 0 once expired
   std::optional<StoredResponse> response;  // set when completed
   // Timestamps for the admin view, as Unix epoch microseconds (0 = NULL).
   std::int64_t created_at_us = 0;

@@ -100,6 +100,7 @@ class ReadAlongStore final : public store::Store {
   explicit ReadAlongStore(store::Store& inner) : inner_(inner) {}
 
   asio::awaitable<result<store::ClaimResult>> claim(const store::ClaimRequest& req) override {
+    ++claims;
     auto claimed = co_await inner_.claim(req);
     if (!claimed || claimed->won) co_return claimed;
     auto row = co_await inner_.read(req.id);
@@ -145,6 +146,7 @@ class ReadAlongStore final : public store::Store {
     return inner_.oldest_in_progress_age();
   }
 
+  int claims = 0;
   int rows_handed_over = 0;  // lost claims that came with their row
   int reads = 0;             // separate read() calls
 
@@ -191,6 +193,7 @@ struct Fixture {
     deps.upstream = &upstream;
     deps.waiters = &waiters;
     deps.metrics = &metrics;
+    deps.replay_cache = &cache;
     gw = std::make_unique<gateway::Gateway>(std::move(deps));
   }
 
@@ -276,6 +279,8 @@ struct Fixture {
   ScriptedUpstream upstream;
   gateway::WaiterRegistry waiters;
   obs::Metrics metrics;
+  // Inactive (never listening) unless a test says so: the other cases test the store path.
+  gateway::ReplayCache cache{&metrics};
   std::shared_ptr<gateway::RuntimeHolder> holder;
   std::unique_ptr<gateway::Gateway> gw;
 };
@@ -705,4 +710,78 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     CHECK(f.upstream.calls[3]["X-Idempotency-Attempt"] == "2");
     CHECK(f.read_along_store.rows_handed_over == 2);
   }
+}
+
+TEST_CASE("with the replay cache: a replayed record answers retries from memory, exactly as the store would") {
+  Fixture f(true);
+  f.cache.set_listening(true);
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  // The owner's own answer is not cached: only records that are actually retried are.
+  CHECK(f.cache.entries() == 0);
+
+  auto from_store = f.call(Fixture::order("k1", kBody));
+  CHECK(from_store["Idempotent-Replayed"] == "true");
+  CHECK(f.read_along_store.claims == 2);
+  CHECK(f.cache.entries() == 1);
+
+  auto from_memory = f.call(Fixture::order("\"k1\"", R"({"amount":1e3,"customer_id":"c1"})"));
+  CHECK(f.read_along_store.claims == 2);  // no store call at all
+  CHECK(f.metrics.replay_cache_hits() == 1);
+  CHECK(from_memory.result_int() == from_store.result_int());
+  CHECK(from_memory.body() == from_store.body());
+  CHECK(from_memory["Location"] == from_store["Location"]);
+  CHECK(from_memory["Content-Type"] == from_store["Content-Type"]);
+  CHECK(from_memory["Idempotent-Replayed"] == "true");
+  CHECK(f.metrics.requests("create-order", obs::Outcome::replayed) == 2);
+
+  // A different request under the key: refused from memory too, nothing forwarded.
+  auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
+  CHECK(reused.result_int() == 409);
+  CHECK(problem_code(reused) == "idempotency_key_reused");
+  CHECK(f.read_along_store.claims == 2);
+
+  // Another tenant's same key is its own record: a miss, a new operation.
+  auto other = f.call(Fixture::order("k1", kBody, "t2"));
+  CHECK(other.result_int() == 201);
+  CHECK(other["Idempotent-Replayed"].empty());
+  CHECK(f.upstream.calls.size() == 2);
+  CHECK(f.read_along_store.claims == 3);
+}
+
+TEST_CASE("with the replay cache: an announced change sends the next request to the store") {
+  Fixture f(true);
+  f.cache.set_listening(true);
+  f.call(Fixture::order("k1", kBody));
+  f.call(Fixture::order("k1", kBody));  // read from the store, kept
+  REQUIRE(f.cache.entries() == 1);
+
+  // A purge elsewhere: the row goes, and PostgreSQL announces the operation id.
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    const store::RecordId id{"t1", "POST /orders", "k1"};
+    auto purged = co_await f.store.purge(id);
+    REQUIRE(purged);
+  }, asio::detached);
+  f.ioc.restart();
+  f.ioc.run();
+  f.cache.evict(idempotency::operation_id("t1", "POST /orders", "k1"));
+
+  auto fresh = f.call(Fixture::order("k1", kBody));
+  CHECK(fresh.result_int() == 201);
+  CHECK(fresh["Idempotent-Replayed"].empty());
+  CHECK(f.upstream.calls.size() == 2);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->response->body == fresh.body());
+}
+
+TEST_CASE("with the replay cache inactive (not listening), every retry reads the store") {
+  Fixture f(true);
+  f.call(Fixture::order("k1", kBody));
+  for (int i = 0; i < 3; ++i) {
+    CHECK(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
+  }
+  CHECK(f.read_along_store.claims == 4);
+  CHECK(f.cache.entries() == 0);
+  CHECK(f.metrics.replay_cache_hits() == 0);
 }

@@ -113,6 +113,9 @@ TEST_CASE("the contract's example configuration loads with the stated values") {
   CHECK(s->log.format == LogFormat::json);
   CHECK(s->cleanup.interval == Millis(60000));
   CHECK(s->cleanup.batch == 1000);
+  CHECK(s->replay_cache.enabled);
+  CHECK(s->replay_cache.max_bytes == 32u << 20);
+  CHECK(s->replay_cache.ttl == Millis(10000));
   CHECK(s->unmatched == Unmatched::pass);
 
   REQUIRE(s->routes.size() == 1);
@@ -419,4 +422,15 @@ TEST_CASE("limits.drain_timeout: a duration, zero allowed") {
                      "negative");
   CHECK_CONFIG_ERROR(kMinimal + "limits:\n  drain_timeout: soon\n", 6, "limits.drain_timeout",
                      "invalid duration");
+}
+
+TEST_CASE("replay_cache: switch, byte budget and ttl") {
+  const auto s = load(kMinimal + "replay_cache:\n  enabled: false\n  max_bytes: 4MiB\n  ttl: 2s\n");
+  CHECK_FALSE(s->replay_cache.enabled);
+  CHECK(s->replay_cache.max_bytes == 4u << 20);
+  CHECK(s->replay_cache.ttl == Millis(2000));
+  CHECK(load(kMinimal + "replay_cache: {max_bytes: 0}\n")->replay_cache.max_bytes == 0);
+  CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  ttl: 0s\n", 6, "replay_cache.ttl", "at least 1ms");
+  CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  enabled: maybe\n", 6, "replay_cache.enabled", "");
+  CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  size: 1MiB\n", 6, "replay_cache.size", "");
 }

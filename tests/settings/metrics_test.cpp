@@ -201,7 +201,12 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_expired_deleted_total") == "counter");
   CHECK(e.types.at("idemproxy_store_errors_total") == "counter");
   CHECK(e.types.at("idemproxy_in_progress_oldest_seconds") == "gauge");
-  CHECK(e.types.size() == 10);
+  CHECK(e.types.at("idemproxy_replay_cache_lookups_total") == "counter");
+  CHECK(e.types.at("idemproxy_replay_cache_notifications_total") == "counter");
+  CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
+  CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
+  CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
+  CHECK(e.types.size() == 15);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -211,6 +216,8 @@ TEST_CASE("a fresh registry exposes every declared metric") {
     CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", op}}) == 0);
   }
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
+  CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
+  CHECK(e.get("idemproxy_replay_cache_active") == 0);
   check_histograms(e);
 }
 
@@ -231,8 +238,15 @@ TEST_CASE("recorded values appear in the exposition") {
   m.store_error("timeout");
   m.store_error("connection_reset");
   m.set_in_progress_oldest(42.5);
+  m.replay_cache_lookup(true);
+  m.replay_cache_lookup(false);
+  m.replay_cache_lookup(true);
+  m.replay_cache_notification();
+  m.set_replay_cache(true, 3, 4096);
 
   CHECK(m.requests("create-order", Outcome::replayed) == 2);
+  CHECK(m.replay_cache_hits() == 2);
+  CHECK(m.replay_cache_notifications() == 1);
   CHECK(m.requests("create-order", Outcome::key_reused) == 0);
   CHECK(m.requests("never-seen", Outcome::created) == 0);
   CHECK(m.takeovers() == 1);
@@ -258,6 +272,12 @@ TEST_CASE("recorded values appear in the exposition") {
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 1);
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "connection_reset"}}) == 1);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 42.5);
+  CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 2);
+  CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "miss"}}) == 1);
+  CHECK(e.get("idemproxy_replay_cache_notifications_total") == 1);
+  CHECK(e.get("idemproxy_replay_cache_active") == 1);
+  CHECK(e.get("idemproxy_replay_cache_entries") == 3);
+  CHECK(e.get("idemproxy_replay_cache_bytes") == 4096);
   check_histograms(e);
 }
 
@@ -318,7 +338,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 10);
+        CHECK(e.types.size() == 15);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {

@@ -2,6 +2,7 @@
 // the stored column formats, and how database failures surface as store errors.
 #include <doctest/doctest.h>
 
+#include <array>
 #include <atomic>
 #include <future>
 #include <thread>
@@ -10,6 +11,9 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <poll.h>
+
+#include "idempotency/fingerprint.hpp"
 #include "store/harness.hpp"
 
 using namespace idem;
@@ -265,5 +269,112 @@ TEST_CASE("PgStore: a lost claim can bring the row along, read after the claim")
       REQUIRE(test::run(ctx, s.claim(claim_req("later-" + std::to_string(i)))).value().won);
     }
     CHECK_FALSE(test::run(ctx, s.claim(req)).value().row_read);  // and stops again
+  }
+}
+
+namespace {
+
+// A session of its own that LISTENs on the replay cache's channel (blocking libpq: a test).
+class ChangeListener {
+ public:
+  ChangeListener() : conn_(PQconnectdb(test::store_database().conninfo().c_str())) {
+    REQUIRE(PQstatus(conn_) == CONNECTION_OK);
+    PQclear(PQexec(conn_, "LISTEN idemproxy_records"));
+  }
+  ~ChangeListener() { PQfinish(conn_); }
+
+  // Everything announced before `marker`, which the caller sends last: notifications
+  // arrive in commit order, so the marker proves nothing earlier is still on its way.
+  std::vector<std::string> until(const std::string& marker) {
+    std::vector<std::string> out;
+    const auto deadline = SteadyClock::now() + 10s;
+    for (;;) {
+      while (PGnotify* n = PQnotifies(conn_)) {
+        std::string payload = n->extra;
+        PQfreemem(n);
+        if (payload == marker) return out;
+        out.push_back(std::move(payload));
+      }
+      REQUIRE(SteadyClock::now() < deadline);
+      pollfd pfd{PQsocket(conn_), POLLIN, 0};
+      ::poll(&pfd, 1, 100);
+      REQUIRE(PQconsumeInput(conn_) == 1);
+    }
+  }
+
+ private:
+  PGconn* conn_;
+};
+
+}  // namespace
+
+TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired records by operation id") {
+  test::PgHarness h;
+  auto& s = h.store();
+  ChangeListener listener;
+  int markers = 0;
+  auto announced = [&] {
+    const std::string marker = "marker-" + std::to_string(++markers);
+    h.sql().exec("SELECT pg_notify('idemproxy_records', $1)", {marker});
+    return listener.until(marker);
+  };
+  auto op = [](const store::ClaimRequest& r) {
+    return idempotency::operation_id(r.id.tenant, r.id.endpoint, r.id.key);
+  };
+  store::StoredResponse resp;
+  resp.status = 201;
+
+  // The protocol's own writes on live records stay silent: claim, completion, release,
+  // lease expiry, and reads.
+  const auto a = claim_req("announce-a");
+  const auto b = claim_req("announce-b");
+  REQUIRE(h.run(s.claim(a)).value().won);
+  REQUIRE(h.run(s.claim(b)).value().won);
+  REQUIRE(h.run(s.complete(a.id, 1, resp, 1h)).value());
+  REQUIRE(h.run(s.expire_lease(b.id, 1)).value());
+  REQUIRE(h.run(s.read(a.id)).has_value());
+  CHECK_FALSE(h.run(s.claim(a)).value().won);
+  REQUIRE(h.run(s.release(b.id, 1)).value());
+  CHECK(announced().empty());
+
+  // Deleting a completed record, by purge or by hand, names it.
+  REQUIRE(h.run(s.purge(a.id)).value());
+  CHECK(announced() == std::vector<std::string>{op(a)});
+  const auto c = claim_req("announce-c");
+  REQUIRE(h.run(s.claim(c)).value().won);
+  REQUIRE(h.run(s.complete(c.id, 1, resp, 1h)).value());
+  h.sql().exec("UPDATE idempotency_requests SET response_status = 200 WHERE idempotency_key = 'announce-c'");
+  CHECK(announced() == std::vector<std::string>{op(c)});
+
+  // Once retention has passed, replacing or cleaning the record says nothing (no cache
+  // serves it any more). Moving the clock is itself an UPDATE of a live record: announced.
+  h.advance(2h);
+  CHECK(announced() == std::vector<std::string>{op(c)});
+  REQUIRE(h.run(s.replace_expired(c, 1)).value().has_value());
+  const auto d = claim_req("announce-d");
+  REQUIRE(h.run(s.claim(d)).value().won);
+  REQUIRE(h.run(s.complete(d.id, 1, resp, 1h)).value());
+  h.advance(2h);
+  CHECK(announced() == std::vector<std::string>{op(d)});
+  CHECK(h.run(s.delete_expired(100)).value() >= 1);
+  CHECK(announced().empty());
+
+  // TRUNCATE fires no row trigger: it announces everything.
+  h.sql().exec("TRUNCATE idempotency_requests");
+  CHECK(announced() == std::vector<std::string>{"*"});
+}
+
+TEST_CASE("PgStore: the database computes the same operation id as the sidecar") {
+  test::PgHarness h;
+  const std::vector<std::array<std::string, 3>> cases = {
+      {"acme", "POST /orders", "order-0001"},
+      {"t", "POST /orders/{id}/refunds", "\"quoted\" key with spaces"},
+      {"tenant-ü", "POST /café", "ключ-1"},  // lengths are counted in bytes on both sides
+      {"a", "", "b"},
+  };
+  for (const auto& [tenant, endpoint, key] : cases) {
+    const auto rows = h.sql().rows("SELECT idemproxy_operation_id($1, $2, $3)", {tenant, endpoint, key});
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0][0] == idempotency::operation_id(tenant, endpoint, key));
   }
 }
