@@ -5,6 +5,7 @@
 // completion on an io_context.
 #include <chrono>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <random>
 #include <stdexcept>
@@ -13,8 +14,12 @@
 #include <utility>
 #include <vector>
 
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 #include <libpq-fe.h>
 
@@ -174,6 +179,24 @@ T run(asio::io_context& ctx, asio::awaitable<T> a) {
 
 inline Millis elapsed_since(SteadyClock::time_point start) {
   return std::chrono::duration_cast<Millis>(SteadyClock::now() - start);
+}
+
+// Counts 10 ms ticks of a timer on the same io_context: if anything blocked the thread,
+// the count falls behind the wall clock.
+struct Ticker {
+  explicit Ticker(asio::any_io_executor ex) : timer(std::move(ex)) {}
+  asio::steady_timer timer;
+  int ticks = 0;
+  bool stop = false;
+};
+
+inline asio::awaitable<void> tick(std::shared_ptr<Ticker> t) {
+  while (!t->stop) {
+    t->timer.expires_after(Millis{10});
+    error_code ec;
+    co_await t->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (!ec) ++t->ticks;
+  }
 }
 
 }  // namespace idem::test

@@ -108,24 +108,6 @@ bool session_gone(test::Sql& sql, const std::string& application_name, Millis li
   return false;
 }
 
-// Counts 10 ms ticks of a timer on the same io_context: if anything blocked the thread,
-// the count falls behind the wall clock.
-struct Ticker {
-  explicit Ticker(asio::any_io_executor ex) : timer(std::move(ex)) {}
-  asio::steady_timer timer;
-  int ticks = 0;
-  bool stop = false;
-};
-
-asio::awaitable<void> tick(std::shared_ptr<Ticker> t) {
-  while (!t->stop) {
-    t->timer.expires_after(10ms);
-    error_code ec;
-    co_await t->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (!ec) ++t->ticks;
-  }
-}
-
 // A TCP server that accepts and then never answers: libpq's startup waits forever, so
 // only the connect deadline ends an attempt. Counts the attempts.
 struct SilentServer {
@@ -475,8 +457,8 @@ TEST_CASE("an unreachable server: retried with backoff, one warning, loop never 
   o.connect_timeout = 150ms;
   o.reconnect_backoff = 50ms;
   auto listener = start(ctx, rec, o);
-  auto ticker = std::make_shared<Ticker>(ctx.get_executor());
-  asio::co_spawn(ctx, tick(ticker), asio::detached);
+  auto ticker = std::make_shared<test::Ticker>(ctx.get_executor());
+  asio::co_spawn(ctx, test::tick(ticker), asio::detached);
   const auto began = SteadyClock::now();
   REQUIRE(run_until(ctx, [&] { return server.held.size() >= 4; }, 5000ms));
   const auto elapsed = test::elapsed_since(began);

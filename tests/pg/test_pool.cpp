@@ -49,24 +49,6 @@ std::string backend_pid(asio::io_context& ctx, const std::shared_ptr<pg::Pool>& 
   return std::string(r->value(0, 0));
 }
 
-// Counts 10 ms ticks of a timer on the same io_context: if anything blocked the thread,
-// the count falls behind the wall clock.
-struct Ticker {
-  explicit Ticker(asio::any_io_executor ex) : timer(std::move(ex)) {}
-  asio::steady_timer timer;
-  int ticks = 0;
-  bool stop = false;
-};
-
-asio::awaitable<void> tick(std::shared_ptr<Ticker> t) {
-  while (!t->stop) {
-    t->timer.expires_after(10ms);
-    error_code ec;
-    co_await t->timer.async_wait(asio::redirect_error(asio::use_awaitable, ec));
-    if (!ec) ++t->ticks;
-  }
-}
-
 struct Ticked {
   result<pg::Result> r = make_error_code(pg::errc::protocol);
   int ticks = 0;
@@ -75,8 +57,8 @@ struct Ticked {
 
 asio::awaitable<Ticked> query_while_ticking(std::shared_ptr<pg::Pool> pool, std::string sql) {
   auto ex = co_await asio::this_coro::executor;
-  auto ticker = std::make_shared<Ticker>(ex);
-  asio::co_spawn(ex, tick(ticker), asio::detached);
+  auto ticker = std::make_shared<test::Ticker>(ex);
+  asio::co_spawn(ex, test::tick(ticker), asio::detached);
   const auto start = SteadyClock::now();
   Ticked out;
   out.r = co_await pool->query(sql);
