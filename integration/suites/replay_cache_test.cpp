@@ -196,3 +196,61 @@ TEST_CASE("replay cache: without its listening session it empties and every retr
   CHECK(again.body == fresh_created->body);
   CHECK(a.hits() == before + 1);
 }
+
+TEST_CASE("replay cache: without the change trigger it never serves, and starts once the trigger is back") {
+  TestBackend backend;
+  FreshDatabase fresh;
+  Db db(fresh.url());
+  // The schema first, then the trigger switched off, as a schema behind migration 0002 or
+  // an operator's ALTER TABLE would leave it: deletions would go unannounced.
+  TempDir dir("replay-cache");
+  const auto cfg = dir.write_file(
+      "migrate.yaml", "listen: \"127.0.0.1:0\"\nupstream:\n  url: \"http://127.0.0.1:9\"\n"
+                      "database:\n  url: \"" + fresh.url() + "\"\n  migrate: check\n");
+  REQUIRE(run_idemproxy({"migrate", "--config", cfg.string()}).status.code() == 0);
+  db.exec("ALTER TABLE idempotency_requests DISABLE TRIGGER idempotency_requests_announce_change");
+
+  AdminPort admin;
+  auto o = options_for(backend);
+  o.database_url = fresh.url();
+  o.database_migrate = "check";
+  o.admin_listen = admin.listen();
+  Sidecar sidecar(o);
+  HttpClient client(sidecar.port());
+  // Until the listener has decided, the cache is off anyway: wait for its decision, which
+  // must be the refusal (logged), never an active cache.
+  wait_until([&] {
+    return sidecar.log().find("no enabled change trigger") != std::string::npos ||
+           scrape(admin.port).value("idemproxy_replay_cache_active") == 1;
+  }, 10s, "the listener to check for the change trigger");
+  CHECK(scrape(admin.port).value("idemproxy_replay_cache_active") == 0);
+
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  REQUIRE(client.post("/orders", kOrder, order_headers(tenant, key)).status == 201);
+  for (int i = 0; i < 3; ++i) {
+    CHECK(client.post("/orders", kOrder, order_headers(tenant, key)).header("Idempotent-Replayed") == "true");
+  }
+  auto m = scrape(admin.port);
+  CHECK(m.value("idemproxy_replay_cache_active") == 0);
+  CHECK(m.value("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
+  CHECK(m.value("idemproxy_replay_cache_entries") == 0);
+  // Every replay went to PostgreSQL: one claim per request.
+  CHECK(m.value("idemproxy_store_duration_seconds_count", {{"op", "claim"}}) == 4);
+
+  // An unannounced DELETE is therefore never missed.
+  CHECK(db.exec("DELETE FROM idempotency_requests WHERE tenant_id = $1", {tenant}) == 1);
+  auto fresh_answer = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(fresh_answer.status == 201);
+  CHECK_FALSE(fresh_answer.has_header("Idempotent-Replayed"));
+  CHECK(calls_for(backend, tenant).size() == 2);
+
+  // With the trigger back, the listener's next attempt passes its check.
+  db.exec("ALTER TABLE idempotency_requests ENABLE TRIGGER idempotency_requests_announce_change");
+  wait_until([&] { return scrape(admin.port).value("idemproxy_replay_cache_active") == 1; }, 15s,
+             "the replay cache to start once the trigger is enabled");
+  client.post("/orders", kOrder, order_headers(tenant, key));  // read from PostgreSQL, kept
+  auto cached = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(cached.header("Idempotent-Replayed") == "true");
+  CHECK(scrape(admin.port).value("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 1);
+}
