@@ -79,6 +79,7 @@ struct Gateway::Exchange {
   std::string operation_id;  // computed once, when first needed
 
   Outcome outcome = Outcome::passthrough;
+  bool from_cache = false;
   std::string_view code;
   std::int64_t attempt = 0;
   double store_seconds = -1;
@@ -254,6 +255,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   rec.attempt = x.attempt;
   rec.key_hash = x.key_hash;
   rec.code = x.code;
+  rec.from_cache = x.from_cache;
   // The line joins the others of this pass of the event loop; the first one of a pass
   // schedules the write of them all (one write(2) for many requests under load).
   if (obs::log_access_batched(rec)) asio::post(deps_.executor, [] { obs::flush_access_log(); });
@@ -437,6 +439,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   if (cache_active) {
     x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
     if (auto hit = cache->find(x.operation_id, x.id)) {
+      x.from_cache = true;
       idempotency::Situation sit;
       sit.row = idempotency::RowView{hit->fingerprint, hit->principal, true, hit->attempt, false,
                                      false};

@@ -417,6 +417,7 @@ class AccessFields {
     if (r.attempt != 0) add("attempt", 'n', attempt_.view());
     if (!r.key_hash.empty()) add("key_hash", 's', r.key_hash);
     if (!r.code.empty()) add("code", 's', r.code);
+    if (r.from_cache) add("replay_cache", 's', "hit");
   }
   AccessFields(const AccessFields&) = delete;
   AccessFields& operator=(const AccessFields&) = delete;
@@ -429,7 +430,7 @@ class AccessFields {
   }
 
   NumberText status_, duration_, upstream_, store_, attempt_;
-  std::array<Field, 11> storage_{};
+  std::array<Field, 12> storage_{};
   std::size_t n_ = 0;
 };
 

@@ -33,6 +33,7 @@ struct AccessRecord {
   std::int64_t attempt = 0;   // 0: none
   std::string_view key_hash;  // log_hash(tenant, key) or ""
   std::string_view code;      // problem code or ""
+  bool from_cache = false;    // answered from the replay cache (no store call)
 };
 
 void log_access(const AccessRecord& r);
