@@ -67,12 +67,14 @@ std::shared_ptr<const ReplayCache::Entry> ReplayCache::find(std::string_view op_
   const auto now = SteadyClock::now();
   Shard& s = shard_of(op_id);
   std::shared_ptr<const Entry> found;
+  bool dropped = false;
   {
     std::lock_guard lock(s.mutex);
     auto it = s.slots.find(std::string(op_id));
     if (it != s.slots.end()) {
       if (now >= it->second.fresh_until) {
         erase_locked(s, it);
+        dropped = true;
       } else if (it->second.entry->id.tenant == id.tenant &&
                  it->second.entry->id.endpoint == id.endpoint && it->second.entry->id.key == id.key) {
         s.order.splice(s.order.begin(), s.order, it->second.lru);
@@ -81,6 +83,7 @@ std::shared_ptr<const ReplayCache::Entry> ReplayCache::find(std::string_view op_
     }
   }
   if (metrics_) metrics_->replay_cache_lookup(found != nullptr);
+  if (dropped) publish_gauges();
   return found;
 }
 
