@@ -785,3 +785,25 @@ TEST_CASE("with the replay cache inactive (not listening), every retry reads the
   CHECK(f.cache.entries() == 0);
   CHECK(f.metrics.replay_cache_hits() == 0);
 }
+
+TEST_CASE("with the replay cache: another principal is refused from memory too") {
+  Fixture f(true);
+  auto s = std::make_shared<settings::Settings>(f.holder->load()->settings());
+  s->tenant.principal_header = "X-User-Id";
+  f.configure(*s);
+  f.cache.set_listening(true);
+  auto as = [](std::string_view user) {
+    auto req = Fixture::order("k1", kBody);
+    req.set("X-User-Id", user);
+    return req;
+  };
+  REQUIRE(f.call(as("alice")).result_int() == 201);
+  REQUIRE(f.call(as("alice"))["Idempotent-Replayed"] == "true");  // read, kept
+  const int claims = f.read_along_store.claims;
+  auto bob = f.call(as("bob"));
+  CHECK(bob.result_int() == 403);
+  CHECK(problem_code(bob) == "idempotency_key_forbidden");
+  CHECK(f.call(as("alice"))["Idempotent-Replayed"] == "true");
+  CHECK(f.read_along_store.claims == claims);  // both decided on the cached record
+  CHECK(f.metrics.replay_cache_hits() == 2);
+}
