@@ -559,22 +559,25 @@ error_code Connection::error_from_result(const Result& r) {
   return make_error_code(errc::protocol);
 }
 
-asio::awaitable<result<Result>> Connection::collect_results() {
-  // A single statement yields one result (or one error) and then null. Draining to the
-  // null is what leaves the connection ready for the next call.
-  Result kept;
-  error_code first_error;
+asio::awaitable<error_code> Connection::drain_command(Result& kept, error_code& first_error) {
+  // One command yields its result (or an error, or, in a pipeline, PGRES_PIPELINE_ABORTED
+  // once an earlier command failed) and then null. Draining to the null is what leaves the
+  // connection ready for what follows. The first error is kept in first_error; the return
+  // value is set only when the connection itself can no longer be used.
   for (;;) {
     while (PQisBusy(conn_) != 0) {
       if (auto ec = co_await receive()) co_return ec;
     }
     ::pg_result* next = PQgetResult(conn_);
-    if (next == nullptr) break;
+    if (next == nullptr) co_return error_code{};
     Result r(next);
     switch (PQresultStatus(r.native())) {
       case PGRES_TUPLES_OK:
       case PGRES_COMMAND_OK:
         if (!first_error && !kept) kept = std::move(r);
+        break;
+      case PGRES_PIPELINE_ABORTED:
+        if (!first_error) first_error = make_error_code(errc::protocol);
         break;
       case PGRES_FATAL_ERROR:
       case PGRES_BAD_RESPONSE:
@@ -589,6 +592,12 @@ asio::awaitable<result<Result>> Connection::collect_results() {
         co_return make_error_code(errc::protocol);
     }
   }
+}
+
+asio::awaitable<result<Result>> Connection::collect_results() {
+  Result kept;
+  error_code first_error;
+  if (auto ec = co_await drain_command(kept, first_error)) co_return ec;
   if (first_error) co_return first_error;
   if (!kept) {
     error_message_ = "the server returned no result";
@@ -638,37 +647,11 @@ asio::awaitable<result<Result>> Connection::run(const Command& command, Millis d
 }
 
 asio::awaitable<result<std::vector<Result>>> Connection::collect_pipeline(std::size_t commands) {
-  // Each command yields its result (or an error, or PGRES_PIPELINE_ABORTED once an
-  // earlier one failed) and then a null; the sync point's result closes the pipeline.
+  // Every command's results, then the sync point's result closes the pipeline.
   std::vector<Result> kept(commands);
   error_code first_error;
   for (std::size_t i = 0; i < commands; ++i) {
-    for (;;) {
-      while (PQisBusy(conn_) != 0) {
-        if (auto ec = co_await receive()) co_return ec;
-      }
-      ::pg_result* next = PQgetResult(conn_);
-      if (next == nullptr) break;
-      Result r(next);
-      switch (PQresultStatus(r.native())) {
-        case PGRES_TUPLES_OK:
-        case PGRES_COMMAND_OK:
-          if (!first_error && !kept[i]) kept[i] = std::move(r);
-          break;
-        case PGRES_PIPELINE_ABORTED:
-          if (!first_error) first_error = make_error_code(errc::protocol);
-          break;
-        case PGRES_FATAL_ERROR:
-        case PGRES_BAD_RESPONSE:
-          if (!first_error) first_error = error_from_result(r);
-          break;
-        default:
-          broken_ = true;
-          error_message_ = "unexpected result status in a pipeline ";
-          error_message_ += PQresStatus(PQresultStatus(r.native()));
-          co_return make_error_code(errc::protocol);
-      }
-    }
+    if (auto ec = co_await drain_command(kept[i], first_error)) co_return ec;
   }
   // The sync point. Its own failure (the implicit transaction's commit) arrives as an
   // error result ahead of it, so everything up to PGRES_PIPELINE_SYNC is looked at.

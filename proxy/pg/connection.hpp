@@ -106,6 +106,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   asio::awaitable<result<::pg_result*>> next_result();
   // Waits until the socket is readable and reads what arrived into libpq.
   asio::awaitable<error_code> receive();
+  // Takes one command's results up to its terminating null; see connection.cpp.
+  asio::awaitable<error_code> drain_command(Result& kept, error_code& first_error);
   asio::awaitable<result<Result>> collect_results();
   asio::awaitable<result<std::vector<Result>>> collect_pipeline(std::size_t commands);
   asio::awaitable<error_code> wait(Wait what);
