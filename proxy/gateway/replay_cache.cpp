@@ -29,8 +29,10 @@ std::size_t entry_bytes(const ReplayCache::Entry& e) {
 }
 
 ReplayCache::ReplayCache(obs::Metrics* metrics) : metrics_(metrics) {
-  shard_budget_.store(options_.max_bytes / kShards, std::memory_order_relaxed);
-  ttl_ms_.store(options_.ttl.count(), std::memory_order_relaxed);
+  const ReplayCacheOptions defaults;
+  enabled_ = defaults.enabled;
+  shard_budget_.store(defaults.max_bytes / kShards, std::memory_order_relaxed);
+  ttl_ms_.store(defaults.ttl.count(), std::memory_order_relaxed);
   publish_gauges();
 }
 
@@ -42,23 +44,24 @@ ReplayCache::Shard& ReplayCache::shard_of(std::string_view op_id) const {
 
 void ReplayCache::configure(const ReplayCacheOptions& options) {
   std::lock_guard config(config_mutex_);
-  options_ = options;
+  enabled_ = options.enabled;
   shard_budget_.store(options.max_bytes / kShards, std::memory_order_relaxed);
   ttl_ms_.store(options.ttl.count(), std::memory_order_relaxed);
-  // Order matters: tickets taken before this point must fail, then the shards empty.
-  generation_.fetch_add(1, std::memory_order_acq_rel);
-  active_.store(options_.enabled && listening_ && options_.max_bytes > 0,
-                std::memory_order_release);
-  drop_all();
+  restart_locked();
 }
 
 void ReplayCache::set_listening(bool listening) {
   std::lock_guard config(config_mutex_);
   listening_ = listening;
+  restart_locked();
+}
+
+void ReplayCache::restart_locked() {
+  // Order matters: tickets taken before this point must fail, then the shards empty.
   generation_.fetch_add(1, std::memory_order_acq_rel);
-  active_.store(options_.enabled && listening_ && options_.max_bytes > 0,
+  active_.store(enabled_ && listening_ && shard_budget_.load(std::memory_order_relaxed) > 0,
                 std::memory_order_release);
-  drop_all();
+  clear();
 }
 
 std::shared_ptr<const ReplayCache::Entry> ReplayCache::find(std::string_view op_id,
@@ -138,8 +141,7 @@ bool ReplayCache::insert(const Ticket& ticket, std::string_view op_id, Millis re
 
 void ReplayCache::evict(std::string_view op_id) {
   if (op_id == "*") {
-    drop_all();
-    publish_gauges();
+    clear();
     return;
   }
   Shard& s = shard_of(op_id);
@@ -152,11 +154,6 @@ void ReplayCache::evict(std::string_view op_id) {
 }
 
 void ReplayCache::clear() {
-  drop_all();
-  publish_gauges();
-}
-
-void ReplayCache::drop_all() {
   for (auto& s : shards_) {
     std::lock_guard lock(s.mutex);
     ++s.evictions;

@@ -86,7 +86,7 @@ class ReplayCache {
 
   // A record changed or was deleted somewhere ("*": all of them).
   void evict(std::string_view op_id);
-  void clear();
+  void clear();  // counts as an eviction in every shard
 
   std::size_t entries() const;
   std::size_t bytes() const;
@@ -110,14 +110,15 @@ class ReplayCache {
 
   Shard& shard_of(std::string_view op_id) const;
   void erase_locked(Shard& s, std::unordered_map<std::string, Slot>::iterator it);
-  void drop_all();  // empties every shard; counts as an eviction in each
+  // After a change of options or listening state: invalidates every ticket, then empties.
+  void restart_locked();
   void publish_gauges() const;
 
   obs::Metrics* metrics_;
   mutable std::array<Shard, kShards> shards_;
   std::mutex config_mutex_;
-  ReplayCacheOptions options_;
-  bool listening_ = false;
+  bool enabled_ = true;     // guarded by config_mutex_
+  bool listening_ = false;  // guarded by config_mutex_
   std::atomic<bool> active_{false};
   std::atomic<std::uint64_t> generation_{1};
   std::atomic<Millis::rep> ttl_ms_{10000};
