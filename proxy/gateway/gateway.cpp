@@ -417,6 +417,16 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     return res;
   };
 
+  // What decide() needs about this request, next to a row (from the cache or the store).
+  auto situation = [&](std::optional<idempotency::RowView> row, bool wait_budget_left) {
+    idempotency::Situation sit;
+    sit.row = row;
+    sit.fingerprint = x.fingerprint;
+    sit.principal = x.principal;
+    sit.check_principal = check_principal;
+    sit.wait_budget_left = wait_budget_left;
+    return sit;
+  };
   auto mismatch = [&] {
     x.outcome = Outcome::key_reused;
     x.code = "idempotency_key_reused";
@@ -440,13 +450,9 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
     if (auto hit = cache->find(x.operation_id, x.id)) {
       x.from_cache = true;
-      idempotency::Situation sit;
-      sit.row = idempotency::RowView{hit->fingerprint, hit->principal, true, hit->attempt, false,
-                                     false};
-      sit.fingerprint = x.fingerprint;
-      sit.principal = x.principal;
-      sit.check_principal = check_principal;
-      switch (idempotency::decide(sit)) {
+      const idempotency::RowView cached{hit->fingerprint, hit->principal, true, hit->attempt,
+                                        false, false};
+      switch (idempotency::decide(situation(cached, false))) {
         case Action::replay:
           x.outcome = Outcome::replayed;
           x.attempt = hit->attempt;
@@ -510,19 +516,13 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     auto& row = *fetched;
     if (!row) co_return store_unavailable(row.error());
 
-    idempotency::Situation sit;
+    std::optional<idempotency::RowView> seen;
     if (row->has_value()) {
       const auto& r = **row;
-      sit.row = idempotency::RowView{r.fingerprint, r.principal,
-                                     r.state == store::State::completed, r.attempt,
-                                     r.lease_expired, r.expired};
+      seen = idempotency::RowView{r.fingerprint, r.principal, r.state == store::State::completed,
+                                  r.attempt, r.lease_expired, r.expired};
     }
-    sit.fingerprint = x.fingerprint;
-    sit.principal = x.principal;
-    sit.check_principal = check_principal;
-    sit.wait_budget_left = SteadyClock::now() < wait_deadline;
-
-    switch (idempotency::decide(sit)) {
+    switch (idempotency::decide(situation(seen, SteadyClock::now() < wait_deadline))) {
       case Action::claim_again: {
         take_ticket();
         claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
