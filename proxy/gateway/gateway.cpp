@@ -823,20 +823,10 @@ asio::awaitable<server::Response> Gateway::record_answer(Exchange& x, upstream::
                          "with the same key after the indicated delay",
                          std::max(rs.lease, rs.retry_after));
   }
-  if (!*completed) {
-    // Nothing written: either another claim owns the record, or an earlier try of this very
-    // completion timed out after it had committed. Only the row tells which.
-    take_ticket(x);
-    auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
-    if (!row) {
-      co_return unrecorded(x,
-                           "the upstream answered but whether its answer was recorded is not "
-                           "known; retry with the same key after the indicated delay",
-                           std::max(rs.lease, rs.retry_after));
-    }
-    const bool ours = *row && (*row)->state == store::State::completed &&
-                      (*row)->fence == x.owner.fence && (*row)->response == stored;
-    if (!ours) co_return co_await answer_fenced(x, "completion", std::move(*row));
+  // A completion whose first try committed after all (its answer lost to a timeout) finds
+  // its own answer recorded: a success like any other.
+  if (*completed == store::Completion::fenced) {
+    co_return co_await answer_fenced(x, "completion", Prefetched{});
   }
   x.outcome = Outcome::created;
   co_return to_client(std::move(up), x);

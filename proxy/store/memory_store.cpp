@@ -146,23 +146,28 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
   co_return std::optional<Ownership>{Ownership{row.attempt, row.fence}};
 }
 
-asio::awaitable<result<bool>> MemoryStore::complete(const RecordId& id, std::int64_t fence,
-                                                    const StoredResponse& response,
-                                                    Millis retention) {
+asio::awaitable<result<Completion>> MemoryStore::complete(const RecordId& id, std::int64_t fence,
+                                                          const StoredResponse& response,
+                                                          Millis retention) {
   std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<bool>();
+  if (unavailable_) co_return unavailable<Completion>();
   auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
-  if (it == rows_.end()) co_return false;
+  if (it == rows_.end()) co_return Completion::fenced;
   Row& row = *it->second;
-  if (row.state != State::in_progress || row.fence != fence) co_return false;
+  // As stored: an omitted body is kept as none (PostgreSQL stores NULL).
+  StoredResponse kept = response;
+  if (kept.body_omitted) kept.body.clear();
+  if (row.fence != fence) co_return Completion::fenced;
+  if (row.state == State::completed) {
+    co_return row.response == kept ? Completion::already_recorded : Completion::fenced;
+  }
   const auto now = now_();
   row.state = State::completed;
-  row.response = response;
-  if (response.body_omitted) row.response->body.clear();  // as PostgreSQL stores NULL
+  row.response = std::move(kept);
   row.completed_at = now;
   row.expires_at = now + retention;
   row.lease_expires_at.reset();
-  co_return true;
+  co_return Completion::recorded;
 }
 
 asio::awaitable<result<bool>> MemoryStore::release(const RecordId& id, std::int64_t fence) {

@@ -24,6 +24,7 @@ constexpr const char* kRead = "idem_read";
 constexpr const char* kTakeOver = "idem_take_over";
 constexpr const char* kReplaceExpired = "idem_replace_expired";
 constexpr const char* kComplete = "idem_complete";
+constexpr const char* kCompletedAlready = "idem_completed_already";
 constexpr const char* kRelease = "idem_release";
 constexpr const char* kRenew = "idem_renew";
 constexpr const char* kExpireLease = "idem_expire_lease";
@@ -135,6 +136,21 @@ SET state = 'completed',
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $4::bigint
   AND state = 'in_progress')sql";
+
+// Run only when a completion wrote nothing: was it because this very fence already
+// recorded this very answer (a retried completion whose first try committed), or because
+// another claim owns the row? A statement of its own, so it sees every commit so far. The
+// parameters are the completion's, but for the retention.
+constexpr const char* kCompletedAlreadySql = R"sql(
+SELECT 1 FROM idempotency_requests
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND fencing_token = $4::bigint
+  AND state = 'completed'
+  AND response_status = $5::integer
+  AND response_headers = $6::jsonb
+  AND response_body IS NOT DISTINCT FROM $7::bytea
+  AND response_body_omitted = $8::boolean
+  AND resource_id IS NOT DISTINCT FROM NULLIF($9, ''))sql";
 
 constexpr const char* kReleaseSql = R"sql(
 DELETE FROM idempotency_requests
@@ -295,6 +311,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kTakeOver, kTakeOverSql},
       {kReplaceExpired, kReplaceExpiredSql},
       {kComplete, kCompleteSql},
+      {kCompletedAlready, kCompletedAlreadySql},
       {kRelease, kReleaseSql},
       {kRenew, kRenewSql},
       {kExpireLease, kExpireLeaseSql},
@@ -416,9 +433,9 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
   co_return returned_ownership(*r);
 }
 
-asio::awaitable<result<bool>> PgStore::complete(const RecordId& id, std::int64_t fence,
-                                                const StoredResponse& response,
-                                                Millis retention) {
+asio::awaitable<result<Completion>> PgStore::complete(const RecordId& id, std::int64_t fence,
+                                                      const StoredResponse& response,
+                                                      Millis retention) {
   const std::string token = std::to_string(fence);
   const std::string status = std::to_string(response.status);
   const std::string headers = detail::encode_headers_json(response.headers);
@@ -426,13 +443,20 @@ asio::awaitable<result<bool>> PgStore::complete(const RecordId& id, std::int64_t
   // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
   const pg::Param body =
       response.body_omitted ? pg::Param::null_value() : pg::Param::bytes(response.body);
-  auto params = key_params(
-      id, {pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
-           pg::Param::text(response.body_omitted ? "true" : "false"),
-           pg::Param::text(response.resource_id), pg::Param::text(retention_ms)});
+  const std::vector<pg::Param> answer{
+      pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
+      pg::Param::text(response.body_omitted ? "true" : "false"),
+      pg::Param::text(response.resource_id)};
+  auto params = key_params(id, {});
+  params.insert(params.end(), answer.begin(), answer.end());
+  auto check_params = params;  // the same, without the retention
+  params.push_back(pg::Param::text(retention_ms));
   auto r = co_await pool_->execute(kComplete, std::move(params));
-  if (!r) co_return failed<bool>(r.error());
-  co_return r->affected_rows() == 1;
+  if (!r) co_return failed<Completion>(r.error());
+  if (r->affected_rows() == 1) co_return Completion::recorded;
+  auto already = co_await pool_->execute(kCompletedAlready, std::move(check_params));
+  if (!already) co_return failed<Completion>(already.error());
+  co_return already->rows() == 1 ? Completion::already_recorded : Completion::fenced;
 }
 
 asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t fence) {

@@ -75,6 +75,12 @@ struct Record {
   std::int64_t lease_expires_at_us = 0;
 };
 
+// What a completion did. `already_recorded`: nothing was written because the record is
+// already completed under this very fence with this very answer — a retry of a completion
+// whose first try committed but whose answer was lost (a timeout). To the caller that is
+// a success; only `fenced` means another claim owns the record (or it is gone).
+enum class Completion { recorded, already_recorded, fenced };
+
 struct ClaimRequest {
   RecordId id;
   std::string fingerprint;
@@ -120,12 +126,10 @@ class Store {
       const ClaimRequest& req, std::int64_t seen_fence) = 0;
 
   // Guarded by fence: in_progress -> completed with the response, completed_at = now,
-  // expires_at = now + retention. false = nothing written: fenced (another claim owns the
-  // row, or it is gone) or already completed under this fence (a retry of a completion
-  // that had committed: read the row to tell the two apart).
-  virtual asio::awaitable<result<bool>> complete(const RecordId& id, std::int64_t fence,
-                                                 const StoredResponse& response,
-                                                 Millis retention) = 0;
+  // expires_at = now + retention. See Completion for what else it may answer.
+  virtual asio::awaitable<result<Completion>> complete(const RecordId& id, std::int64_t fence,
+                                                       const StoredResponse& response,
+                                                       Millis retention) = 0;
 
   // Guarded by fence: deletes the in_progress row. false = fenced.
   virtual asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t fence) = 0;

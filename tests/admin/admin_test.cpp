@@ -53,9 +53,9 @@ class HangingStore final : public store::Store {
       const store::ClaimRequest&, std::int64_t) override {
     return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId&, std::int64_t,
-                                         const store::StoredResponse&, Millis) override {
-    return hang<bool>();
+  asio::awaitable<result<store::Completion>> complete(const store::RecordId&, std::int64_t,
+                                                      const store::StoredResponse&, Millis) override {
+    return hang<store::Completion>();
   }
   asio::awaitable<result<bool>> release(const store::RecordId&, std::int64_t) override {
     return hang<bool>();
@@ -124,7 +124,7 @@ struct Fixture {
       resp.body = R"({"card":"SECRET-BODY"})";
       auto done = co_await memory.complete(id, won->owner.fence, resp, Millis{3600000});
       REQUIRE(done.has_value());
-      CHECK(*done);
+      CHECK(*done == store::Completion::recorded);
     });
   }
 

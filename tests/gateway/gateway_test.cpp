@@ -138,14 +138,14 @@ class ProbeStore final : public store::Store {
       const store::ClaimRequest& req, std::int64_t seen) override {
     return inner_.replace_expired(req, seen);
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId& id, std::int64_t fence,
-                                         const store::StoredResponse& response,
-                                         Millis retention) override {
+  asio::awaitable<result<store::Completion>> complete(const store::RecordId& id, std::int64_t fence,
+                                                      const store::StoredResponse& response,
+                                                      Millis retention) override {
     ++completes;
     auto written = co_await inner_.complete(id, fence, response, retention);
     if (commit_then_fail_completes > 0 && written) {
       --commit_then_fail_completes;
-      co_return result<bool>(boost::system::in_place_error, make_error_code(errc::store_timeout));
+      co_return make_error_code(errc::store_timeout);
     }
     co_return written;
   }

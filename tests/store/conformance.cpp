@@ -160,7 +160,7 @@ TEST_CASE_TEMPLATE("complete then read: the stored response round-trips exactly"
   const StoredResponse resp = sample_response();
   auto done = h.run(s.complete(req.id, owner.fence, resp, 2h));
   REQUIRE(done.has_value());
-  CHECK(*done);
+  CHECK(*done == store::Completion::recorded);
 
   auto r = h.run(s.read(req.id));
   REQUIRE(r.has_value());
@@ -200,7 +200,10 @@ TEST_CASE_TEMPLATE("complete: an omitted body, no headers and no resource id", H
   resp.body_omitted = true;
   auto done = h.run(s.complete(req.id, owner.fence, resp, 1h));
   REQUIRE(done.has_value());
-  CHECK(*done);
+  CHECK(*done == store::Completion::recorded);
+  // Retried with the same answer (an omitted body compares as stored): already recorded.
+  CHECK(h.run(s.complete(req.id, owner.fence, resp, 1h)).value() ==
+        store::Completion::already_recorded);
   auto r = h.run(s.read(req.id));
   REQUIRE(r.has_value());
   REQUIRE(r->has_value());
@@ -242,7 +245,7 @@ TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES)
   REQUIRE(exp.has_value());
   REQUIRE(tk.has_value());
   REQUIRE(rep.has_value());
-  CHECK_FALSE(*c);
+  CHECK(*c == store::Completion::fenced);
   CHECK_FALSE(*rel);
   CHECK_FALSE(*ren);
   CHECK_FALSE(*exp);
@@ -253,12 +256,25 @@ TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES)
   // Once completed, even the right token cannot write again.
   auto c2 = h.run(s.complete(req.id, second.fence, sample_response(), 1h));
   REQUIRE(c2.has_value());
-  REQUIRE(*c2);
+  REQUIRE(*c2 == store::Completion::recorded);
   const std::string completed = h.snapshot(req.id);
   StoredResponse other;
   other.status = 500;
-  CHECK_FALSE(h.run(s.complete(req.id, second.fence, other, 1h)).value());
-  CHECK_FALSE(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value());
+  CHECK(h.run(s.complete(req.id, second.fence, other, 1h)).value() == store::Completion::fenced);
+  // The same fence with the same answer: a retry of a completion that had committed. It is
+  // told apart from a fence, and writes nothing either.
+  CHECK(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value() ==
+        store::Completion::already_recorded);
+  // A different header, a different body byte: not this completion's answer.
+  auto almost = sample_response();
+  almost.headers.back().value += "!";
+  CHECK(h.run(s.complete(req.id, second.fence, almost, 1h)).value() == store::Completion::fenced);
+  almost = sample_response();
+  almost.body.back() = 'x';
+  CHECK(h.run(s.complete(req.id, second.fence, almost, 1h)).value() == store::Completion::fenced);
+  // An earlier claim's fence with this claim's answer is still fenced.
+  CHECK(h.run(s.complete(req.id, first.fence, sample_response(), 1h)).value() ==
+        store::Completion::fenced);
   CHECK_FALSE(h.run(s.release(req.id, second.fence)).value());
   CHECK_FALSE(h.run(s.renew(req.id, second.fence, 30s)).value());
   CHECK_FALSE(h.run(s.expire_lease(req.id, second.fence)).value());
@@ -267,7 +283,7 @@ TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES)
 
   // And on a row that does not exist, nothing happens either.
   const auto ghost = rid("ghost");
-  CHECK_FALSE(h.run(s.complete(ghost, first.fence, other, 1h)).value());
+  CHECK(h.run(s.complete(ghost, first.fence, other, 1h)).value() == store::Completion::fenced);
   CHECK_FALSE(h.run(s.release(ghost, first.fence)).value());
   CHECK_FALSE(h.run(s.renew(ghost, first.fence, 30s)).value());
   CHECK_FALSE(h.run(s.expire_lease(ghost, first.fence)).value());
@@ -293,7 +309,7 @@ TEST_CASE_TEMPLATE("fencing: a claim after a release, purge or cleanup never sha
   const std::string owned_by_second = h.snapshot(req.id);
 
   // The owner of the released claim resumes: none of its writes reaches the new claim.
-  CHECK_FALSE(h.run(s.complete(req.id, released.fence, sample_response(), 1h)).value());
+  CHECK(h.run(s.complete(req.id, released.fence, sample_response(), 1h)).value() == store::Completion::fenced);
   CHECK_FALSE(h.run(s.release(req.id, released.fence)).value());
   CHECK_FALSE(h.run(s.renew(req.id, released.fence, 30s)).value());
   CHECK_FALSE(h.run(s.expire_lease(req.id, released.fence)).value());
@@ -309,10 +325,10 @@ TEST_CASE_TEMPLATE("fencing: a claim after a release, purge or cleanup never sha
   const auto after_purge = claim_won(h, req);
   CHECK(after_purge.attempt == 1);
   CHECK(after_purge.fence > second.fence);
-  CHECK_FALSE(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value());
+  CHECK(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value() == store::Completion::fenced);
 
   // Completed, expired, deleted by retention, claimed again: a new token again.
-  REQUIRE(h.run(s.complete(req.id, after_purge.fence, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(req.id, after_purge.fence, sample_response(), 1h)).value() == store::Completion::recorded);
   h.advance(2h);
   REQUIRE(h.run(s.delete_expired(10)).value() == 1);
   const auto after_cleanup = claim_won(h, req);
@@ -378,7 +394,7 @@ TEST_CASE_TEMPLATE("take_over: never on a completed row", H, STORES) {
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 1s);
   const auto owner = claim_won(h, req);
-  REQUIRE(h.run(s.complete(req.id, owner.fence, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(req.id, owner.fence, sample_response(), 1h)).value() == store::Completion::recorded);
   h.advance(10s);
   CHECK_FALSE(h.run(s.take_over(req.id, owner.fence, 30s)).value().has_value());
 }
@@ -474,7 +490,7 @@ TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token s
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 30s, 60s, "p-1");
   const auto first = claim_won(h, req);
-  REQUIRE(h.run(s.complete(req.id, first.fence, sample_response(), 60s)).value());
+  REQUIRE(h.run(s.complete(req.id, first.fence, sample_response(), 60s)).value() == store::Completion::recorded);
   const auto replacement = claim_req(rid(), "fp-2", 15s, 2h, "p-2");
 
   CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence)).value().has_value());  // live
@@ -492,7 +508,7 @@ TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token s
   CHECK((*replaced)->fence > first.fence);
   CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence)).value().has_value());
   // A straggler of the expired operation can no longer write.
-  CHECK_FALSE(h.run(s.complete(req.id, first.fence, sample_response(), 1h)).value());
+  CHECK(h.run(s.complete(req.id, first.fence, sample_response(), 1h)).value() == store::Completion::fenced);
 
   auto rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
@@ -542,7 +558,7 @@ TEST_CASE_TEMPLATE("purge: deletes in any state", H, STORES) {
   const auto running = claim_req(rid("running"));
   REQUIRE(h.run(s.claim(done)).has_value());
   REQUIRE(h.run(s.claim(running)).has_value());
-  REQUIRE(h.run(s.complete(done.id, fence_of(h, done.id), sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(done.id, fence_of(h, done.id), sample_response(), 1h)).value() == store::Completion::recorded);
   CHECK(h.run(s.purge(done.id)).value());
   CHECK(h.run(s.purge(running.id)).value());
   CHECK_FALSE(h.run(s.purge(done.id)).value());
@@ -563,8 +579,8 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   const auto d = claim_req(rid("d"), "fp", 1h, 10s);
   const auto e = claim_req(rid("e"), "fp", 30s, 1h);
   for (const auto* r : {&a, &b, &c, &d, &e}) REQUIRE(h.run(s.claim(*r)).value().won);
-  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 10s)).value());
-  REQUIRE(h.run(s.complete(b.id, fence_of(h, b.id), sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 10s)).value() == store::Completion::recorded);
+  REQUIRE(h.run(s.complete(b.id, fence_of(h, b.id), sample_response(), 1h)).value() == store::Completion::recorded);
 
   CHECK(h.run(s.delete_expired(100)).value() == 0);  // nothing expired yet
   h.advance(20s);
@@ -582,7 +598,7 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   for (int i = 0; i < 5; ++i) {
     const auto f = claim_req(rid("f" + std::to_string(i)), "fp", 1s, 1s);
     REQUIRE(h.run(s.claim(f)).value().won);
-    REQUIRE(h.run(s.complete(f.id, fence_of(h, f.id), sample_response(), 1s)).value());
+    REQUIRE(h.run(s.complete(f.id, fence_of(h, f.id), sample_response(), 1s)).value() == store::Completion::recorded);
   }
   h.advance(2s);
   CHECK(h.run(s.delete_expired(2)).value() == 2);
@@ -606,7 +622,7 @@ TEST_CASE_TEMPLATE("scope: the same key in other tenants and endpoints is anothe
     CHECK(won->owner.attempt == 1);
   }
   CHECK(h.row_count() == 3);
-  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 1h)).value() == store::Completion::recorded);
   CHECK(h.run(s.read(b.id)).value()->state == State::in_progress);
   CHECK(h.run(s.read(b.id)).value()->fingerprint == "fp-b");
   CHECK(h.run(s.read(c.id)).value()->fingerprint == "fp-c");
@@ -629,7 +645,7 @@ TEST_CASE_TEMPLATE("oldest_in_progress_age: the oldest running claim", H, STORES
   REQUIRE(age.has_value());
   CHECK(*age >= 5s);
   CHECK(*age < 6s);
-  REQUIRE(h.run(s.complete(x.id, fence_of(h, x.id), sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(x.id, fence_of(h, x.id), sample_response(), 1h)).value() == store::Completion::recorded);
   age = h.run(s.oldest_in_progress_age()).value();
   REQUIRE(age.has_value());
   CHECK(*age < 1s);

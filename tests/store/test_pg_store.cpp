@@ -96,7 +96,7 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
                   {"Set-Cookie", "b=2"},
                   {"X-Bin", std::string("\xff\x00", 2)}};
   resp.body = std::string("{\"id\":1}\0\xff", 10);
-  REQUIRE(h.run(s.complete(req.id, fence_of(h, req.id), resp, 1h)).value());
+  REQUIRE(h.run(s.complete(req.id, fence_of(h, req.id), resp, 1h)).value() == store::Completion::recorded);
 
   auto row = h.sql().rows(
       "SELECT state, response_status, response_headers::text, encode(response_body, 'hex'),"
@@ -123,7 +123,7 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
   omitted.status = 200;
   omitted.body_omitted = true;
   omitted.resource_id = "r-1";
-  REQUIRE(h.run(s.complete(big.id, fence_of(h, big.id), omitted, 1h)).value());
+  REQUIRE(h.run(s.complete(big.id, fence_of(h, big.id), omitted, 1h)).value() == store::Completion::recorded);
   CHECK(h.sql().rows("SELECT response_body IS NULL, response_body_omitted, resource_id"
                      " FROM idempotency_requests WHERE idempotency_key = 'omitted'")[0] ==
         test::Row{"t", "t", "r-1"});
@@ -241,7 +241,7 @@ TEST_CASE("PgStore: a lost claim can bring the row along, read after the claim")
     resp.status = 201;
     resp.body = "{\"id\":1}";
     resp.headers = {{"Content-Type", "application/json"}};
-    REQUIRE(test::run(ctx, s.complete(req.id, won->owner.fence, resp, 1h)).value());
+    REQUIRE(test::run(ctx, s.complete(req.id, won->owner.fence, resp, 1h)).value() == store::Completion::recorded);
     auto replay = test::run(ctx, s.claim(req));
     REQUIRE(replay.has_value());
     REQUIRE(replay->row.has_value());
@@ -343,7 +343,7 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   const auto b = claim_req("announce-b");
   REQUIRE(h.run(s.claim(a)).value().won);
   REQUIRE(h.run(s.claim(b)).value().won);
-  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), resp, 1h)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), resp, 1h)).value() == store::Completion::recorded);
   REQUIRE(h.run(s.expire_lease(b.id, fence_of(h, b.id))).value());
   REQUIRE(h.run(s.read(a.id)).has_value());
   CHECK_FALSE(h.run(s.claim(a)).value().won);
@@ -355,7 +355,7 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   CHECK(announced() == std::vector<std::string>{op(a)});
   const auto c = claim_req("announce-c");
   REQUIRE(h.run(s.claim(c)).value().won);
-  REQUIRE(h.run(s.complete(c.id, fence_of(h, c.id), resp, 1h)).value());
+  REQUIRE(h.run(s.complete(c.id, fence_of(h, c.id), resp, 1h)).value() == store::Completion::recorded);
   h.sql().exec("UPDATE idempotency_requests SET response_status = 200 WHERE idempotency_key = 'announce-c'");
   CHECK(announced() == std::vector<std::string>{op(c)});
 
@@ -366,7 +366,7 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   REQUIRE(h.run(s.replace_expired(c, fence_of(h, c.id))).value().has_value());
   const auto d = claim_req("announce-d");
   REQUIRE(h.run(s.claim(d)).value().won);
-  REQUIRE(h.run(s.complete(d.id, fence_of(h, d.id), resp, 1h)).value());
+  REQUIRE(h.run(s.complete(d.id, fence_of(h, d.id), resp, 1h)).value() == store::Completion::recorded);
   h.advance(2h);
   CHECK(announced() == std::vector<std::string>{op(d)});
   CHECK(h.run(s.delete_expired(100)).value() >= 1);
