@@ -374,8 +374,6 @@ asio::awaitable<server::Response> Handler::records(const server::Request& reques
   auto op = deps_.store->purge(id);
   auto r = co_await within(deps_.store_deadline, std::move(op));
   deps_.metrics->store_duration(StoreOp::purge, seconds_since(t0));
-  // Even when the outcome is unknown: forgetting a record that still exists costs one read.
-  if (deps_.on_purged) deps_.on_purged(id);
   if (!r || !*r) {
     deps_.metrics->store_error(r ? obs::store_error_kind(r->error()) : "timeout");
     // Unknown whether the DELETE committed; purging again is harmless.

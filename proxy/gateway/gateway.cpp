@@ -20,18 +20,13 @@
 namespace idem::gateway {
 namespace {
 
-using idempotency::Action;
+using idempotency::Step;
 using obs::Outcome;
 using obs::StoreOp;
 
 constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
 constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
 constexpr std::string_view kFencingTokenHeader = "X-Idempotency-Fencing-Token";
-// A protected request never needs more than a handful of store rounds; the bound only
-// stops a pathological livelock (rows appearing and vanishing) from spinning forever.
-constexpr int kMaxRounds = 256;
-constexpr Millis kFirstPoll{20};
-constexpr Millis kMaxPoll{500};
 
 double seconds_since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
@@ -80,11 +75,15 @@ struct Gateway::Exchange {
   std::string waiter_key;
   std::string operation_id;  // computed once, when first needed
 
-  // The replay cache while it serves (nullptr otherwise), and the ticket taken before the
-  // latest store call that may hand back a row (ReplayCache::Ticket).
-  ReplayCache* cache = nullptr;
-  ReplayCache::Ticket ticket;
-  store::Ownership owner;  // while this request owns the record
+  // The protocol's driver (run_protocol): the row last handed to the protocol (its
+  // events view these strings), the upstream's answer and what of it is recorded, the
+  // wake-up registration, and the last store failure (for the log).
+  std::optional<store::Record> row;
+  upstream::Outcome upstream;
+  std::optional<store::StoredResponse> recorded;
+  std::optional<Waiter> waiter;
+  error_code store_error;
+  store::Ownership owner;  // once this request owned the record
 
   Outcome outcome = Outcome::passthrough;
   bool from_cache = false;
@@ -155,7 +154,10 @@ asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, St
   const double took = seconds_since(t0);
   x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
   metrics.store_duration(op, took);
-  if (!r) metrics.store_error(store_error_kind(r.error()));
+  if (!r) {
+    metrics.store_error(store_error_kind(r.error()));
+    x.store_error = r.error();
+  }
   co_return r;
 }
 
@@ -415,44 +417,12 @@ std::string_view fenced_answer(Outcome o) {
   }
 }
 
-// --- What decide() sees ---------------------------------------------------------------------
+// --- What the protocol sees of a row -------------------------------------------------------
 
 idempotency::RowView view_of(const store::Record& r) {
-  return idempotency::RowView{r.fingerprint, r.principal, r.state == store::State::completed,
-                              r.attempt, r.lease_expired, r.expired};
-}
-
-idempotency::Situation situation(const Gateway::Exchange& x,
-                                 std::optional<idempotency::RowView> row, bool wait_budget_left) {
-  idempotency::Situation sit;
-  sit.row = row;
-  sit.fingerprint = x.fingerprint;
-  sit.principal = x.principal;
-  sit.check_principal = x.check_principal;
-  sit.wait_budget_left = wait_budget_left;
-  return sit;
-}
-
-// --- The replay cache's rule: a ticket before every store call that may hand back a row ----
-
-void take_ticket(Gateway::Exchange& x) {
-  if (x.cache != nullptr) x.ticket = x.cache->ticket(x.operation_id);
-}
-
-// Keeps a completed record read under the current ticket; it is dropped if anything changed
-// the record (or the cache) since the ticket was taken.
-void cache_row(Gateway::Exchange& x, const store::Record& r) {
-  if (x.cache == nullptr || !x.ticket.valid || r.state != store::State::completed || r.expired ||
-      !r.response) {
-    return;
-  }
-  auto entry = std::make_shared<ReplayCache::Entry>();
-  entry->id = x.claim.id;
-  entry->fingerprint = r.fingerprint;
-  entry->principal = r.principal;
-  entry->attempt = r.attempt;
-  entry->response = *r.response;
-  x.cache->insert(x.ticket, x.operation_id, r.retention_remaining, std::move(entry));
+  return idempotency::RowView{r.fingerprint,      r.principal, r.state == store::State::completed,
+                              r.attempt,          r.lease_expired, r.expired,
+                              r.fence,            r.lease_remaining};
 }
 
 // Tenants arrive from a trusted authenticating layer; anything but one short token of
@@ -550,33 +520,6 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
   return std::nullopt;
 }
 
-// A completed record replayed recently is answered from memory (see replay_cache.hpp for
-// why that answer is always the one the store would give). Only replays, mismatches and
-// refusals come from here; anything else goes to the store.
-std::optional<server::Response> Gateway::answer_from_cache(Exchange& x) {
-  ReplayCache* const cache = deps_.replay_cache;
-  if (cache == nullptr || !cache->active()) return std::nullopt;
-  x.cache = cache;
-  x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
-  const auto hit = cache->find(x.operation_id, x.claim.id);
-  if (!hit) return std::nullopt;
-  const idempotency::RowView cached{hit->fingerprint, hit->principal, true, hit->attempt, false,
-                                    false};
-  switch (idempotency::decide(situation(x, cached, false))) {
-    case Action::replay:
-      x.from_cache = true;
-      return replayed(x, hit->response, hit->attempt);
-    case Action::reject_mismatch:
-      x.from_cache = true;
-      return mismatch(x);
-    case Action::forbid:
-      x.from_cache = true;
-      return forbidden(x);
-    default:
-      return std::nullopt;
-  }
-}
-
 asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   const auto& rs = *x.route->settings;
   // A key-less request on an optional route is not the store's business: it passes through
@@ -585,269 +528,261 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     co_return co_await pass_through(x);
   }
   if (auto refused = admit(x)) co_return std::move(*refused);
-  if (auto cached = answer_from_cache(x)) co_return std::move(*cached);
-
-  take_ticket(x);
-  auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(x.claim));
-  if (!claimed) co_return store_unavailable(x, claimed.error());
-  if (claimed->won) co_return co_await run_as_owner(x, claimed->owner);
-  // A store that read the row together with the claim (one round trip) hands it over;
-  // otherwise the first round reads it.
-  Prefetched prefetched;
-  if (claimed->row_read) prefetched.emplace(std::move(claimed->row));
-  co_return co_await settle(x, Role::duplicate, std::move(prefetched));
+  co_return co_await run_protocol(x);
 }
 
-// Performs an action that tries to make this request the owner. `owner` set: it is; else
-// the caller looks again (with `row` when the attempt read it along).
-asio::awaitable<result<Gateway::Acquired>> Gateway::acquire(Exchange& x, Action action,
-                                                            const store::Record* row) {
+namespace {
+
+// Counts an owner for the drain, from its forward until its answer.
+struct OwnerCount {
+  explicit OwnerCount(std::size_t& n) : n(n) { ++n; }
+  ~OwnerCount() { --n; }
+  OwnerCount(const OwnerCount&) = delete;
+  OwnerCount& operator=(const OwnerCount&) = delete;
+  std::size_t& n;
+};
+
+}  // namespace
+
+// The driver: performs what the protocol asks (idempotency/protocol.hpp) and resumes it
+// with the outcome, until it answers. Every decision is the protocol's; every I/O is here.
+asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
   const auto& rs = *x.route->settings;
-  Acquired got;
-  if (action == Action::claim_again) {
-    take_ticket(x);
-    auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(x.claim));
-    if (!claimed) co_return claimed.error();
-    if (claimed->won) {
-      got.owner = claimed->owner;
-    } else if (claimed->row_read) {
-      got.row.emplace(std::move(claimed->row));
+  idempotency::Protocol protocol({x.fingerprint, x.principal, x.check_principal, rs.wait});
+  std::optional<OwnerCount> owning;
+  idempotency::Event event = idempotency::Begin{};
+  for (;;) {
+    const idempotency::Action a = protocol.resume(event, SteadyClock::now());
+    switch (a.step) {
+      case Step::claim: event = co_await claim(x); break;
+      case Step::read: event = co_await read(x); break;
+      case Step::take_over: event = co_await take_over(x, a.fence); break;
+      case Step::replace: event = co_await replace(x, a.fence); break;
+      case Step::watch:
+        if (!x.waiter) x.waiter.emplace(*deps_.waiters, x.waiter_key, deps_.executor);
+        event = idempotency::Watching{};
+        break;
+      case Step::wait:
+        co_await x.waiter->wait_until(a.until);
+        event = idempotency::Waited{};
+        break;
+      case Step::forward:
+        if (!owning) owning.emplace(owners_in_flight_);
+        event = co_await forward_as_owner(x, a.owner);
+        break;
+      case Step::release: event = co_await release(x, a.fence); break;
+      case Step::expire_lease: event = co_await expire_lease(x, a.fence); break;
+      case Step::complete: event = co_await complete(x, a.fence); break;
+      case Step::answer: co_return answer(x, a);
     }
-    co_return got;
   }
-  if (action == Action::replace_expired) {
-    auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
-                                   deps_.store->replace_expired(x.claim, row->fence));
-    if (!replaced) co_return replaced.error();
-    got.owner = *replaced;  // nullopt: someone else replaced or changed it first
-    co_return got;
+}
+
+// ---- The protocol's steps, each performed and told back as an event -----------------------
+
+asio::awaitable<idempotency::Event> Gateway::claim(Exchange& x) {
+  const auto t0 = SteadyClock::now();
+  auto claimed = co_await deps_.store->claim(x.claim);
+  // A row from the replay cache cost no store call: neither timed nor counted as one.
+  if (claimed && claimed->from_cache) {
+    x.from_cache = true;
+  } else {
+    const double took = seconds_since(t0);
+    x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
+    deps_.metrics->store_duration(StoreOp::claim, took);
+    if (!claimed) {
+      deps_.metrics->store_error(store_error_kind(claimed.error()));
+      x.store_error = claimed.error();
+    }
   }
+  if (!claimed) co_return idempotency::StoreFailed{};
+  if (claimed->won) co_return idempotency::Claimed{claimed->owner};
+  idempotency::Claimed lost;
+  if (claimed->row_read) {
+    lost.row_read = true;
+    x.row = std::move(claimed->row);
+    if (x.row) lost.row = view_of(*x.row);
+  }
+  co_return lost;
+}
+
+asio::awaitable<idempotency::Event> Gateway::read(Exchange& x) {
+  auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
+  if (!row) co_return idempotency::StoreFailed{};
+  x.row = std::move(*row);
+  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row)) : std::nullopt};
+}
+
+asio::awaitable<idempotency::Event> Gateway::take_over(Exchange& x, std::int64_t seen_fence) {
+  const auto& rs = *x.route->settings;
   auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
-                              deps_.store->take_over(x.claim.id, row->fence, rs.lease));
-  if (!taken) co_return taken.error();
+                              deps_.store->take_over(x.claim.id, seen_fence, rs.lease));
+  if (!taken) co_return idempotency::StoreFailed{};
   if (*taken) {
     deps_.metrics->takeover();
     spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}", rs.name,
-                 x.key_hash, row->attempt, (*taken)->attempt);
+                 x.key_hash, (*taken)->attempt - 1, (*taken)->attempt);
   }
-  got.owner = *taken;
-  co_return got;
+  co_return idempotency::Acquired{*taken};
 }
 
-// Reads the record until it gives an answer, as a request that did not win the claim. A
-// duplicate may become the owner on the way (the row vanished, expired, or its owner's
-// lease lapsed); a fenced owner may not (it already ran its attempt) and answers 503, so
-// that its client retries into whatever the record says by then.
-asio::awaitable<server::Response> Gateway::settle(Exchange& x, Role role, Prefetched prefetched) {
-  const auto& rs = *x.route->settings;
-  // Registered before the first read so an owner in this process that finishes between
-  // our read and our wait still wakes us. A row read before this (with the claim, or by a
-  // fenced owner) is not trusted for a "wait": that round reads again (see Action::wait).
-  Waiter waiter(*deps_.waiters, x.waiter_key, deps_.executor);
-  bool read_before_waiter = prefetched.has_value();
-  const auto wait_deadline = SteadyClock::now() + rs.wait;
-  Millis poll = kFirstPoll;
-
-  for (int round = 0; round < kMaxRounds; ++round) {
-    result<std::optional<store::Record>> row = std::optional<store::Record>{};
-    if (prefetched) {
-      row = std::move(*prefetched);
-      prefetched.reset();
-    } else {
-      read_before_waiter = false;
-      take_ticket(x);
-      row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
-    }
-    if (!row) co_return store_unavailable(x, row.error());
-    const store::Record* r = row->has_value() ? &**row : nullptr;
-    const auto seen = r != nullptr ? std::optional(view_of(*r)) : std::nullopt;
-    const Action action = idempotency::decide(situation(x, seen, SteadyClock::now() < wait_deadline));
-    switch (action) {
-      case Action::claim_again:
-      case Action::replace_expired:
-      case Action::take_over: {
-        if (role == Role::fenced_owner) {
-          co_return unrecorded(x,
-                               "another attempt took this key over and its record holds no "
-                               "answer yet; retry with the same key after the indicated delay",
-                               rs.retry_after);
-        }
-        auto got = co_await acquire(x, action, r);
-        if (!got) co_return store_unavailable(x, got.error());
-        if (got->owner) co_return co_await run_as_owner(x, *got->owner);
-        if (got->row) {
-          prefetched = std::move(got->row);
-          read_before_waiter = false;  // this claim, and its read, came after the waiter
-        }
-        continue;
-      }
-      case Action::reject_mismatch:
-        cache_row(x, *r);
-        co_return mismatch(x);
-      case Action::forbid:
-        cache_row(x, *r);
-        co_return forbidden(x);
-      case Action::replay:
-        // A completed row always has a response; anything else is a store defect.
-        if (!r->response) co_return store_unavailable(x, make_error_code(errc::store_protocol));
-        cache_row(x, *r);
-        co_return replayed(x, *r->response, r->attempt);
-      case Action::wait: {
-        // The owner may have finished between that read and the waiter's registration,
-        // and its wake-up gone to nobody: look again before sleeping.
-        if (read_before_waiter) {
-          read_before_waiter = false;
-          continue;
-        }
-        auto until = std::min(wait_deadline, SteadyClock::now() + poll);
-        // Wake when the owner's lease runs out, to take over without waiting a full poll.
-        if (r->lease_remaining > Millis{0}) {
-          until = std::min(until, SteadyClock::now() + r->lease_remaining + Millis{5});
-        }
-        poll = std::min(kMaxPoll, poll * 2);
-        co_await waiter.wait_until(until);
-        continue;
-      }
-      case Action::answer_in_progress:
-        co_return in_progress(x);
-    }
-  }
-  co_return in_progress(x);
+asio::awaitable<idempotency::Event> Gateway::replace(Exchange& x, std::int64_t seen_fence) {
+  auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
+                                 deps_.store->replace_expired(x.claim, seen_fence));
+  if (!replaced) co_return idempotency::StoreFailed{};
+  co_return idempotency::Acquired{*replaced};
 }
 
-asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, store::Ownership owner) {
+// Forwards as the owner, renewing the lease while the upstream works.
+asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store::Ownership owner) {
   const auto& rs = *x.route->settings;
   x.owner = owner;
   x.attempt = owner.attempt;
-  ++owners_in_flight_;
-  struct InFlight {
-    std::size_t& n;
-    ~InFlight() { --n; }
-  } in_flight{owners_in_flight_};
-
   auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease);
-  auto out = co_await forward(x, &owner);
+  x.upstream = co_await forward(x, &owner);
   keeper->stop();
-
-  switch (out.failure) {
+  idempotency::Forwarded f;
+  switch (x.upstream.failure) {
     case upstream::Failure::none:
+      f.result = idempotency::UpstreamResult::answered;
+      f.storable = rs.store.stores(static_cast<int>(x.upstream.response.result_int()));
       break;
-    case upstream::Failure::connect_failed: {
-      // Nothing reached the backend: free the key so the retry starts clean. Fenced or not,
-      // "not sent" is the truth about this request.
-      auto released = co_await timed(*deps_.metrics, x, StoreOp::release,
-                                     deps_.store->release(x.claim.id, owner.fence));
-      if (released && !*released) {
-        deps_.metrics->fenced_write();
-        log_fenced(x, "release", "upstream_unavailable (not sent)");
-      }
-      deps_.waiters->notify(x.waiter_key);
-      x.outcome = Outcome::released;
-      x.code = "upstream_unavailable";
-      co_return problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
-                        "the upstream refused the connection; the request was not sent and the "
-                        "key was released");
-    }
+    case upstream::Failure::connect_failed:
+      f.result = idempotency::UpstreamResult::not_sent;
+      break;
     case upstream::Failure::timeout:
     case upstream::Failure::broken:
+      f.result = idempotency::UpstreamResult::unknown;
+      break;
     case upstream::Failure::response_too_large:
     case upstream::Failure::bad_response:
-      co_return co_await unknown_outcome(x, out.failure);
+      f.result = idempotency::UpstreamResult::invalid;
+      break;
   }
-
-  const int status = static_cast<int>(out.response.result_int());
-  if (!rs.store.stores(status)) co_return co_await release_answer(x, std::move(out.response));
-  co_return co_await record_answer(x, std::move(out.response));
+  co_return f;
 }
 
-// The backend may have acted. Keep the row but end the lease now, so the next retry takes
-// over at once with a higher attempt and the same operation id, which lets the backend
-// find its own earlier result. There is no answer to hide, fenced or not.
-asio::awaitable<server::Response> Gateway::unknown_outcome(Exchange& x, upstream::Failure failure) {
-  auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
-                                deps_.store->expire_lease(x.claim.id, x.owner.fence));
-  if (expired && !*expired) {
-    deps_.metrics->fenced_write();
-    log_fenced(x, "lease expiry", "outcome unknown");
-  }
-  deps_.waiters->notify(x.waiter_key);
-  x.outcome = Outcome::unknown_outcome;
-  if (failure == upstream::Failure::timeout || failure == upstream::Failure::broken) {
-    x.code = "upstream_timeout";
-    co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
-                      "the upstream did not answer in time; the outcome is unknown, retry "
-                      "with the same key");
-  }
-  x.code = "upstream_invalid_response";
-  co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
-                    "the upstream's response was malformed or larger than allowed; retry "
-                    "with the same key");
-}
-
-// Transient answers (5xx, 408, 425, 429 by default) must not stick to the key.
-asio::awaitable<server::Response> Gateway::release_answer(Exchange& x, upstream::Response&& up) {
+// The owner's writes wake the duplicates waiting in this process, whatever their outcome:
+// they re-read the row, which decides.
+asio::awaitable<idempotency::Event> Gateway::release(Exchange& x, std::int64_t fence) {
   auto released = co_await timed(*deps_.metrics, x, StoreOp::release,
-                                 deps_.store->release(x.claim.id, x.owner.fence));
+                                 deps_.store->release(x.claim.id, fence));
   deps_.waiters->notify(x.waiter_key);
-  if (released && !*released) {
-    // Another claim owns the key: this attempt's answer is not the key's.
-    co_return co_await answer_fenced(x, "release", Prefetched{});
-  }
   if (!released) {
     spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
                  released.error().message());
+    co_return idempotency::StoreFailed{};
   }
-  x.outcome = Outcome::released;
-  co_return to_client(std::move(up), x);
+  co_return idempotency::Written{*released};
 }
 
-// The response goes out only after its record commits, so every later retry sees exactly
-// what this client saw.
-asio::awaitable<server::Response> Gateway::record_answer(Exchange& x, upstream::Response&& up) {
-  const auto& rs = *x.route->settings;
-  const auto stored = capture(up, rs);
-  // One retry covers a pooled connection that died in between.
-  auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                                  deps_.store->complete(x.claim.id, x.owner.fence, stored, rs.retention));
-  if (!completed) {
-    completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                               deps_.store->complete(x.claim.id, x.owner.fence, stored, rs.retention));
-  }
+asio::awaitable<idempotency::Event> Gateway::expire_lease(Exchange& x, std::int64_t fence) {
+  auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
+                                deps_.store->expire_lease(x.claim.id, fence));
   deps_.waiters->notify(x.waiter_key);
-  if (!completed) {
-    spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
-                  x.owner.attempt, completed.error().message());
-    // The row keeps its lease until it lapses; only then can a retry take over.
-    co_return unrecorded(x,
-                         "the upstream answered but the answer could not be recorded; retry "
-                         "with the same key after the indicated delay",
-                         std::max(rs.lease, rs.retry_after));
-  }
-  // A completion whose first try committed after all (its answer lost to a timeout) finds
-  // its own answer recorded: a success like any other.
-  if (*completed == store::Completion::fenced) {
-    co_return co_await answer_fenced(x, "completion", Prefetched{});
-  }
-  x.outcome = Outcome::created;
-  co_return to_client(std::move(up), x);
+  if (!expired) co_return idempotency::StoreFailed{};
+  co_return idempotency::Written{*expired};
 }
 
-// A fenced owner never answers with its own, unrecorded response: it answers as a duplicate
-// would, from the record (a replay, in progress, or 503 to retry), and says which.
-asio::awaitable<server::Response> Gateway::answer_fenced(Exchange& x, std::string_view what,
-                                                         Prefetched row) {
+asio::awaitable<idempotency::Event> Gateway::complete(Exchange& x, std::int64_t fence) {
+  const auto& rs = *x.route->settings;
+  if (!x.recorded) x.recorded = capture(x.upstream.response, rs);  // a retry records the same
+  auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
+                                  deps_.store->complete(x.claim.id, fence, *x.recorded, rs.retention));
+  deps_.waiters->notify(x.waiter_key);
+  if (!completed) co_return idempotency::StoreFailed{};
+  co_return idempotency::Completed{*completed};
+}
+
+// ---- The answer ----------------------------------------------------------------------------
+
+// Why: one switch over the protocol's answers keeps each answer's status, code and outcome
+// in one place, next to the others it must stay consistent with.
+server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
+  using idempotency::Answer;
+  const auto& rs = *x.route->settings;
+  server::Response res;
+  switch (a.answer) {
+    case Answer::replay:
+      // A completed row always has a response; anything else is a store defect.
+      if (!x.row || !x.row->response) {
+        res = store_unavailable(x, make_error_code(errc::store_protocol));
+        break;
+      }
+      res = replayed(x, *x.row->response, x.row->attempt);
+      break;
+    case Answer::recorded:
+      x.outcome = Outcome::created;
+      res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::released:
+      x.outcome = Outcome::released;
+      res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::not_sent:
+      x.outcome = Outcome::released;
+      x.code = "upstream_unavailable";
+      res = problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
+                    "the upstream refused the connection; the request was not sent and the key "
+                    "was released");
+      break;
+    case Answer::timed_out:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "upstream_timeout";
+      res = problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
+                    "the upstream did not answer in time; the outcome is unknown, retry with the "
+                    "same key");
+      break;
+    case Answer::invalid_response:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "upstream_invalid_response";
+      res = problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
+                    "the upstream's response was malformed or larger than allowed; retry with "
+                    "the same key");
+      break;
+    case Answer::mismatch: res = mismatch(x); break;
+    case Answer::forbidden: res = forbidden(x); break;
+    case Answer::in_progress: res = in_progress(x); break;
+    case Answer::unrecorded:
+      spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
+                    x.owner.attempt, x.store_error.message());
+      // The row keeps its lease until it lapses; only then can a retry take over.
+      res = unrecorded(x,
+                       "the upstream answered but the answer could not be recorded; retry with "
+                       "the same key after the indicated delay",
+                       std::max(rs.lease, rs.retry_after));
+      break;
+    case Answer::fenced_unrecorded:
+      res = unrecorded(x,
+                       "another attempt took this key over and its record holds no answer yet; "
+                       "retry with the same key after the indicated delay",
+                       rs.retry_after);
+      break;
+    case Answer::store_unavailable:
+    case Answer::none:
+      res = store_unavailable(x, x.store_error ? x.store_error
+                                               : make_error_code(errc::store_protocol));
+      break;
+  }
+  if (a.fenced != idempotency::Fenced::no) note_fenced(x, a);
+  return res;
+}
+
+// A fenced owner is counted and logged with what its client got instead of its own answer.
+void Gateway::note_fenced(Exchange& x, const idempotency::Action& a) {
   deps_.metrics->fenced_write();
-  auto res = co_await settle(x, Role::fenced_owner, std::move(row));
-  x.fenced = fenced_answer(x.outcome);
-  deps_.metrics->fenced_answer(x.fenced);
-  log_fenced(x, what, x.fenced);
-  co_return res;
-}
-
-void Gateway::log_fenced(const Exchange& x, std::string_view what, std::string_view answer) const {
+  std::string_view what = "completion";
+  if (a.fenced == idempotency::Fenced::release) what = "release";
+  if (a.fenced == idempotency::Fenced::lease_expiry) what = "lease expiry";
+  std::string_view answered = x.code;
+  if (a.from_record) {
+    x.fenced = fenced_answer(x.outcome);
+    deps_.metrics->fenced_answer(x.fenced);
+    answered = x.fenced;
+  }
   spdlog::warn("{} fenced: attempt {} (fencing token {}) no longer owns the record (route {}, "
                "key_hash {}); answered: {}",
-               what, x.owner.attempt, x.owner.fence, x.route->settings->name, x.key_hash, answer);
+               what, x.owner.attempt, x.owner.fence, x.route->settings->name, x.key_hash, answered);
 }
 
 }  // namespace idem::gateway

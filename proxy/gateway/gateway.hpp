@@ -1,18 +1,18 @@
 #pragma once
 // The request path: match route → validate tenant and key → fingerprint → claim →
-// forward → record → respond. The decisions come from idempotency/ (pure code); this
-// adapter performs them against the Store and the upstream Client, and is the only
-// place where a request's idempotency actions turn into I/O.
+// forward → record → respond. Every decision of the protocol comes from idempotency/
+// (protocol.hpp, a state machine of events and actions); this driver performs its actions
+// against the Store and the upstream Client, and is the only place where a request's
+// idempotency actions turn into I/O.
 #include <memory>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
-#include "idempotency/decision.hpp"
+#include "idempotency/protocol.hpp"
 #include "observability/metrics.hpp"
 #include "server/server.hpp"
 #include "store/store.hpp"
@@ -23,11 +23,11 @@ namespace idem::gateway {
 struct Dependencies {
   asio::any_io_executor executor;          // the worker's event loop
   std::shared_ptr<RuntimeHolder> runtime;  // current configuration snapshot
-  store::Store* store = nullptr;           // this worker's store
+  store::Store* store = nullptr;           // this worker's store (with the replay cache in
+                                           // front of it: gateway/caching_store.hpp)
   upstream::Client* upstream = nullptr;    // this worker's upstream pool
   WaiterRegistry* waiters = nullptr;       // process-wide
   obs::Metrics* metrics = nullptr;         // process-wide
-  ReplayCache* replay_cache = nullptr;     // process-wide; nullptr = no cache
 };
 
 class Gateway {
@@ -45,29 +45,20 @@ class Gateway {
   struct Exchange;  // one request's state; defined in gateway.cpp
 
  private:
-  // Who is reading the record: a request that lost the claim, or an owner whose write was
-  // fenced (it may not become the owner again; it only answers from the record).
-  enum class Role { duplicate, fenced_owner };
-  // A row read ahead (with a lost claim, or by a fenced owner): nullopt = none read yet.
-  using Prefetched = std::optional<std::optional<store::Record>>;
-  struct Acquired {
-    std::optional<store::Ownership> owner;  // set: this request owns the record now
-    Prefetched row;                         // a lost claim's row, read along with it
-  };
-
   asio::awaitable<server::Response> protected_request(Exchange& x);
   std::optional<server::Response> admit(Exchange& x);
-  std::optional<server::Response> answer_from_cache(Exchange& x);
-  asio::awaitable<server::Response> settle(Exchange& x, Role role, Prefetched prefetched);
-  asio::awaitable<result<Acquired>> acquire(Exchange& x, idempotency::Action action,
-                                            const store::Record* row);
-  asio::awaitable<server::Response> run_as_owner(Exchange& x, store::Ownership owner);
-  asio::awaitable<server::Response> unknown_outcome(Exchange& x, upstream::Failure failure);
-  asio::awaitable<server::Response> release_answer(Exchange& x, upstream::Response&& up);
-  asio::awaitable<server::Response> record_answer(Exchange& x, upstream::Response&& up);
-  asio::awaitable<server::Response> answer_fenced(Exchange& x, std::string_view what,
-                                                  Prefetched row);
-  void log_fenced(const Exchange& x, std::string_view what, std::string_view answer) const;
+  // The driver of idempotency::Protocol, and the steps it performs.
+  asio::awaitable<server::Response> run_protocol(Exchange& x);
+  asio::awaitable<idempotency::Event> claim(Exchange& x);
+  asio::awaitable<idempotency::Event> read(Exchange& x);
+  asio::awaitable<idempotency::Event> take_over(Exchange& x, std::int64_t seen_fence);
+  asio::awaitable<idempotency::Event> replace(Exchange& x, std::int64_t seen_fence);
+  asio::awaitable<idempotency::Event> forward_as_owner(Exchange& x, store::Ownership owner);
+  asio::awaitable<idempotency::Event> release(Exchange& x, std::int64_t fence);
+  asio::awaitable<idempotency::Event> expire_lease(Exchange& x, std::int64_t fence);
+  asio::awaitable<idempotency::Event> complete(Exchange& x, std::int64_t fence);
+  server::Response answer(Exchange& x, const idempotency::Action& a);
+  void note_fenced(Exchange& x, const idempotency::Action& a);
   asio::awaitable<server::Response> pass_through(Exchange& x);
   // owner == nullptr: an unprotected request (no operation id, attempt or fencing token).
   asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);

@@ -17,6 +17,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gateway/caching_store.hpp"
 #include "gateway/gateway.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
@@ -181,7 +182,8 @@ class ProbeStore final : public store::Store {
 const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
 
 struct Fixture {
-  explicit Fixture(bool read_along = false) : probe(store), upstream(ioc.get_executor()) {
+  explicit Fixture(bool read_along = false)
+      : probe(store), caching(probe, cache), upstream(ioc.get_executor()) {
     probe.read_along = read_along;
     spdlog::set_level(spdlog::level::off);
     settings::Settings s;
@@ -213,11 +215,10 @@ struct Fixture {
     gateway::Dependencies deps;
     deps.executor = ioc.get_executor();
     deps.runtime = holder;
-    deps.store = &probe;
+    deps.store = &caching;
     deps.upstream = &upstream;
     deps.waiters = &waiters;
     deps.metrics = &metrics;
-    deps.replay_cache = &cache;
     gw = std::make_unique<gateway::Gateway>(std::move(deps));
   }
 
@@ -298,12 +299,13 @@ struct Fixture {
   system_clock::time_point now = system_clock::now();
   asio::io_context ioc;
   store::MemoryStore store{[this] { return now; }};
-  ProbeStore probe;
-  ScriptedUpstream upstream;
-  gateway::WaiterRegistry waiters;
   obs::Metrics metrics;
   // Inactive (never listening) unless a test says so: the other cases test the store path.
   gateway::ReplayCache cache{&metrics};
+  ProbeStore probe;
+  gateway::CachingStore caching;
+  ScriptedUpstream upstream;
+  gateway::WaiterRegistry waiters;
   std::shared_ptr<gateway::RuntimeHolder> holder;
   std::unique_ptr<gateway::Gateway> gw;
 };
