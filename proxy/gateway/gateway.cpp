@@ -306,7 +306,9 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
   upstream::Request up;
   up.method_string(x.request.method_string());
   up.version(11);
-  up.target(up_settings.base_path + std::string(x.request.target()));
+  // "*" (OPTIONS) names the server as a whole, so no base path goes in front of it.
+  const std::string_view target = x.request.target();
+  up.target(target == "*" ? std::string(target) : up_settings.base_path + std::string(target));
   for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.

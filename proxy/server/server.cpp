@@ -310,6 +310,9 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> refuse(http::status status, std::string_view code, std::string_view title,
                                std::string_view detail, unsigned version,
                                const RequestContext& ctx, Millis write_timeout);
+  asio::awaitable<void> refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                    const settings::Limits& limits, unsigned version,
+                                    const RequestContext& ctx);
   asio::awaitable<void> lingering_close();
 
   void arm(Millis after, Deadline kind);
@@ -536,6 +539,40 @@ asio::awaitable<void> Session::refuse(http::status status, std::string_view code
   }
 }
 
+// The answer to a body read that failed or timed out, in the contract's order: the
+// deadline, the body limit, the chunk metadata budget (common/message_parser.hpp), then
+// anything else the parser refused; a client that simply went away gets no answer.
+asio::awaitable<void> Session::refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                           const settings::Limits& limits, unsigned version,
+                                           const RequestContext& ctx) {
+  if (timed_out_) {
+    co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                    "the request body was not received in time", version, ctx,
+                    limits.body_timeout);
+  } else if (ec == http::error::body_limit) {
+    co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                    "the request body exceeds " + std::to_string(limits.max_request_body) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::trailer) {
+    co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                    "Request Header Fields Too Large",
+                    "the request trailer exceeds " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::chunk_extensions) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "the chunk extensions exceed " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (is_malformed(ec)) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "malformed request body", version, ctx, limits.body_timeout);
+  } else {
+    close_now();
+  }
+}
+
 asio::awaitable<void> Session::lingering_close() {
   error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);
@@ -572,6 +609,9 @@ asio::awaitable<Response> Session::call_handler(Request& req, const RequestConte
                          req.version(), req.keep_alive());
 }
 
+// One request after another, as its phases in order (idle wait, header, framing and head
+// rules, body, handler, response): kept in one coroutine so that each phase's deadline and
+// refusal stand next to the read they guard.
 asio::awaitable<void> Session::serve() {
   for (;;) {
     // Read per request so a reload applies to the next request on open connections too.
@@ -683,48 +723,14 @@ asio::awaitable<void> Session::serve() {
       auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
       disarm();
       buffer_.max_size(kUnbounded);
-      if (timed_out_) {
-        co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
-                        "the request body was not received in time", version, ctx,
-                        limits.body_timeout);
-        co_return;
-      }
-      if (bec == http::error::body_limit) {
-        co_await refuse(http::status::payload_too_large, "request_too_large",
-                        "Content Too Large",
-                        "the request body exceeds " + std::to_string(limits.max_request_body) +
-                            " bytes",
-                        version, ctx, limits.body_timeout);
-        co_return;
-      }
-      auto overflow = parser.overflow();
-      if (bec == http::error::buffer_overflow) {
-        const auto pending = buffer_.cdata();
-        overflow = http_parse::pending_overflow(
-            std::string_view(static_cast<const char*>(pending.data()), pending.size()));
-      }
-      if (overflow == http_parse::Overflow::trailer) {
-        co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
-                        "Request Header Fields Too Large",
-                        "the request trailer exceeds " + std::to_string(limits.max_header_bytes) +
-                            " bytes",
-                        version, ctx, limits.body_timeout);
-        co_return;
-      }
-      if (overflow == http_parse::Overflow::chunk_extensions) {
-        co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                        "the chunk extensions exceed " + std::to_string(limits.max_header_bytes) +
-                            " bytes",
-                        version, ctx, limits.body_timeout);
-        co_return;
-      }
-      if (bec) {
-        if (is_malformed(bec)) {
-          co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                          "malformed request body", version, ctx, limits.body_timeout);
-        } else {
-          close_now();
+      if (timed_out_ || bec) {
+        auto overflow = parser.overflow();
+        if (bec == http::error::buffer_overflow) {
+          const auto pending = buffer_.cdata();
+          overflow = http_parse::pending_overflow(
+              std::string_view(static_cast<const char*>(pending.data()), pending.size()));
         }
+        co_await refuse_body(bec, overflow, limits, version, ctx);
         co_return;
       }
     }

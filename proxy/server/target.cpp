@@ -123,6 +123,28 @@ bool valid_reg_name(std::string_view host) noexcept {
   return true;
 }
 
+// Nearly every target is already normal: origin-form, no percent-encoding, no dot segment,
+// only characters that need no decision. Recognized in one pass, it is taken as it is.
+bool already_normal(std::string_view raw) noexcept {
+  if (raw.empty() || raw.front() != '/') return false;
+  bool in_query = false;
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    const auto c = static_cast<unsigned char>(raw[i]);
+    if (c == '%' || c == '#') return false;
+    if (in_query) {
+      if (!is_query_char(c)) return false;
+      continue;
+    }
+    if (c == '?') {
+      in_query = true;
+      continue;
+    }
+    if (!is_path_char(c)) return false;
+    if (c == '/' && i + 1 < raw.size() && raw[i + 1] == '.') return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 bool valid_host_value(std::string_view value) noexcept {
@@ -206,6 +228,11 @@ NormalizedTarget normalize_target(std::string_view raw, bool is_options) {
   }
 
   NormalizedTarget out;
+  if (already_normal(raw)) {
+    out.ok = true;
+    out.target = raw;
+    return out;
+  }
   std::string_view rest = raw;
   if (rest.empty() || rest.front() != '/') {
     const auto scheme = scheme_of(rest);
