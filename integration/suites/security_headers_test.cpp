@@ -54,6 +54,7 @@ TEST_CASE("security: header names that read as a trusted or scoping header for C
                                           {{"X_Tenant_Id", victim},
                                            {"X_Idempotency_Operation_Id", std::string(64, 'f')},
                                            {"X_Idempotency_Attempt", "1"},
+                                           {"X_Idempotency_Fencing_Token", "999999"},
                                            {"X_User_Id", "admin"},
                                            {"Idempotency_Key", "other"},
                                            {"X-Idempotency-Attempt", "7"}}));
@@ -69,6 +70,8 @@ TEST_CASE("security: header names that read as a trusted or scoping header for C
     CHECK(call.headers_named("X-Tenant-Id") == std::vector<std::string>{w.tenant});
   }
   CHECK(calls[0].headers_named("X-Idempotency-Attempt") == std::vector<std::string>{"1"});
+  CHECK(calls[0].headers_named("X-Idempotency-Fencing-Token").size() == 1);
+  CHECK(calls[0].header("X-Idempotency-Fencing-Token") != "999999");
   CHECK(calls[0].header("X-Idempotency-Operation-Id") != std::string(64, 'f'));
   CHECK_FALSE(calls[1].header("X-Idempotency-Attempt").has_value());
   CHECK(w.rows() == 1);

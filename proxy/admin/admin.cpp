@@ -86,6 +86,7 @@ json::object describe(const store::RecordId& id, const store::Record& rec) {
   o["key_hash"] = idempotency::log_hash(id.tenant, id.key);  // as in the access log
   o["state"] = rec.state == store::State::completed ? "completed" : "in_progress";
   o["attempt"] = rec.attempt;
+  o["fencing_token"] = rec.fence;
   o["created_at"] = timestamp_or_null(rec.created_at_us);
   o["completed_at"] = timestamp_or_null(rec.completed_at_us);
   o["expires_at"] = timestamp_or_null(rec.expires_at_us);

@@ -73,13 +73,21 @@ struct Gateway::Exchange {
   std::string key;
   std::string fingerprint;
   std::string principal;
-  store::RecordId id;
+  bool check_principal = false;  // the configuration names a principal header
+  store::ClaimRequest claim;  // the record's id and what a claim of it writes
   std::string waiter_key;
   std::string operation_id;  // computed once, when first needed
+
+  // The replay cache while it serves (nullptr otherwise), and the ticket taken before the
+  // latest store call that may hand back a row (ReplayCache::Ticket).
+  ReplayCache* cache = nullptr;
+  ReplayCache::Ticket ticket;
+  store::Ownership owner;  // while this request owns the record
 
   Outcome outcome = Outcome::passthrough;
   bool from_cache = false;
   std::string_view code;
+  std::string_view fenced;  // a fenced owner's answer, for the access log
   std::int64_t attempt = 0;
   double store_seconds = -1;
   double upstream_seconds = -1;
@@ -185,10 +193,10 @@ struct LeaseKeeper {
 };
 
 std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
-                                                std::int64_t attempt, Millis lease) {
+                                                store::Ownership owner, Millis lease) {
   auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
   const Millis period = std::max(Millis{50}, lease / 3);
-  auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), attempt,
+  auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), owner,
                    lease, period]() -> asio::awaitable<void> {
     // The first renewal is due now: the timer below has already waited one period.
     for (bool due = true; !keeper->stopped; due = false) {
@@ -199,7 +207,7 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         if (keeper->stopped) co_return;
       }
       const auto t0 = SteadyClock::now();
-      auto renewed = co_await store->renew(id, attempt, lease);
+      auto renewed = co_await store->renew(id, owner.fence, lease);
       metrics->store_duration(StoreOp::renew, seconds_since(t0));
       if (keeper->stopped) co_return;  // completion won the race: nothing to renew
       if (!renewed) {
@@ -209,9 +217,10 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         continue;
       }
       if (!*renewed) {
-        // A newer attempt owns the row: our completion will be fenced too.
+        // Another claim owns the row: our completion will be fenced too.
         metrics->fenced_write();
-        spdlog::warn("lease renewal fenced: attempt {} no longer owns the record", attempt);
+        spdlog::warn("lease renewal fenced: attempt {} (fencing token {}) no longer owns the record",
+                     owner.attempt, owner.fence);
         co_return;
       }
       metrics->lease_renewal();
@@ -271,6 +280,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   rec.key_hash = x.key_hash;
   rec.code = x.code;
   rec.from_cache = x.from_cache;
+  rec.fenced = x.fenced;
   // The line joins the others of this pass of the event loop; the first one of a pass
   // schedules the write of them all (one write(2) for many requests under load).
   if (obs::log_access_batched(rec)) asio::post(deps_.executor, [] { obs::flush_access_log(); });
@@ -279,7 +289,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
 
 asio::awaitable<server::Response> Gateway::pass_through(Exchange& x) {
   x.outcome = Outcome::passthrough;
-  auto out = co_await forward(x, 0);
+  auto out = co_await forward(x, nullptr);
   switch (out.failure) {
     case upstream::Failure::none:
       co_return to_client(std::move(out.response), x);
@@ -301,7 +311,7 @@ asio::awaitable<server::Response> Gateway::pass_through(Exchange& x) {
                     "the upstream's response was malformed or larger than allowed");
 }
 
-asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t attempt) {
+asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ownership* owner) {
   const auto& up_settings = x.runtime->settings().upstream;
   upstream::Request up;
   up.method_string(x.request.method_string());
@@ -326,10 +336,11 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
     }
     up.set("X-Forwarded-For", chain);
   }
-  if (attempt > 0) {
-    if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
+  if (owner != nullptr) {
+    if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
     up.set(std::string(kOperationIdHeader), x.operation_id);
-    up.set(std::string(kAttemptHeader), std::to_string(attempt));
+    up.set(std::string(kAttemptHeader), std::to_string(owner->attempt));
+    up.set(std::string(kFencingTokenHeader), std::to_string(owner->fence));
   }
   up.body() = std::move(x.request.body());
   up.prepare_payload();
@@ -342,315 +353,416 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
   co_return out;
 }
 
-asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
+namespace {
+
+// --- The protocol's answers, each setting its outcome and problem code ---------------------
+
+server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec) {
   const auto& rs = *x.route->settings;
-  const auto& cfg = x.runtime->settings();
+  x.outcome = Outcome::store_unavailable;
+  x.code = "idempotency_store_unavailable";
+  spdlog::warn("store unavailable for route {}: {}", rs.name, ec.message());
+  // A fenced owner reading the record did forward its attempt: say so.
+  const bool forwarded = x.owner.fence != 0;
+  auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
+                     forwarded ? "the idempotency store could not be reached in time after the "
+                                 "upstream answered; retry with the same key"
+                               : "the idempotency store could not be reached in time; nothing "
+                                 "was forwarded");
+  res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+  return res;
+}
+
+// An owner holds the upstream's answer but the record does not: the store failed, or the
+// owner was fenced and the record holds nothing it may replay. The answer stays unsent, so
+// that every client of this key sees what the record will say; `retry_after` is when a
+// retry can find the key free or taken over.
+server::Response unrecorded(Gateway::Exchange& x, std::string_view detail, Millis retry_after) {
+  x.outcome = Outcome::store_unavailable;
+  x.code = "idempotency_store_unavailable";
+  auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
+                     detail);
+  res.set(http::field::retry_after, retry_after_seconds(retry_after));
+  return res;
+}
+
+server::Response mismatch(Gateway::Exchange& x) {
+  x.outcome = Outcome::key_reused;
+  x.code = "idempotency_key_reused";
+  return problem(x, static_cast<http::status>(x.route->settings->mismatch_status), x.code,
+                 "Idempotency key reused",
+                 "this key was already used with a different request; use a new key for a new "
+                 "operation");
+}
+
+server::Response forbidden(Gateway::Exchange& x) {
   x.outcome = Outcome::rejected;
+  x.code = "idempotency_key_forbidden";
+  return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
+                 "this key belongs to an operation of another principal");
+}
 
-  const auto key_values = field_values(x.request.base(), rs.key.header);
-  // A key-less request on an optional route is not the store's business: it passes through
-  // unprotected, whatever its tenant header says.
-  if (key_values.empty() && !rs.key.required) co_return co_await pass_through(x);
+server::Response in_progress(Gateway::Exchange& x) {
+  x.outcome = Outcome::in_progress;
+  x.code = "idempotency_in_progress";
+  auto res = problem(x, http::status::conflict, x.code, "Request in progress",
+                     "a request with this key is still being processed; retry after the "
+                     "indicated delay");
+  res.set(http::field::retry_after, retry_after_seconds(x.route->settings->retry_after));
+  return res;
+}
 
-  const auto tenants = field_values(x.request.base(), cfg.tenant.header);
+server::Response replayed(Gateway::Exchange& x, const store::StoredResponse& stored,
+                          std::int64_t attempt) {
+  x.outcome = Outcome::replayed;
+  x.attempt = attempt;
+  return replay(stored, x);
+}
+
+// The access-log and metric name of a fenced owner's answer, from the outcome it ended in.
+std::string_view fenced_answer(Outcome o) {
+  switch (o) {
+    case Outcome::replayed: return "replayed";
+    case Outcome::in_progress: return "in_progress";
+    case Outcome::key_reused: return "key_reused";
+    case Outcome::rejected: return "forbidden";
+    default: return "unavailable";
+  }
+}
+
+// --- What decide() sees ---------------------------------------------------------------------
+
+idempotency::RowView view_of(const store::Record& r) {
+  return idempotency::RowView{r.fingerprint, r.principal, r.state == store::State::completed,
+                              r.attempt, r.lease_expired, r.expired};
+}
+
+idempotency::Situation situation(const Gateway::Exchange& x,
+                                 std::optional<idempotency::RowView> row, bool wait_budget_left) {
+  idempotency::Situation sit;
+  sit.row = row;
+  sit.fingerprint = x.fingerprint;
+  sit.principal = x.principal;
+  sit.check_principal = x.check_principal;
+  sit.wait_budget_left = wait_budget_left;
+  return sit;
+}
+
+// --- The replay cache's rule: a ticket before every store call that may hand back a row ----
+
+void take_ticket(Gateway::Exchange& x) {
+  if (x.cache != nullptr) x.ticket = x.cache->ticket(x.operation_id);
+}
+
+// Keeps a completed record read under the current ticket; it is dropped if anything changed
+// the record (or the cache) since the ticket was taken.
+void cache_row(Gateway::Exchange& x, const store::Record& r) {
+  if (x.cache == nullptr || !x.ticket.valid || r.state != store::State::completed || r.expired ||
+      !r.response) {
+    return;
+  }
+  auto entry = std::make_shared<ReplayCache::Entry>();
+  entry->id = x.claim.id;
+  entry->fingerprint = r.fingerprint;
+  entry->principal = r.principal;
+  entry->attempt = r.attempt;
+  entry->response = *r.response;
+  x.cache->insert(x.ticket, x.operation_id, r.retention_remaining, std::move(entry));
+}
+
+// Tenants arrive from a trusted authenticating layer; anything but one short token of
+// visible ASCII is a misconfiguration in front of us and must not scope a record.
+std::optional<server::Response> admit_tenant(Gateway::Exchange& x) {
+  const auto tenants = field_values(x.request.base(), x.runtime->settings().tenant.header);
   if (tenants.size() != 1 || !valid_tenant(trim(tenants.front()))) {
     x.code = "tenant_missing";
-    co_return problem(x, http::status::unauthorized, x.code, "Tenant missing",
-                      tenants.empty() ? "the tenant header is missing"
-                                      : "the tenant header must be one value of 1-255 visible "
-                                        "ASCII characters");
+    return problem(x, http::status::unauthorized, x.code, "Tenant missing",
+                   tenants.empty() ? "the tenant header is missing"
+                                   : "the tenant header must be one value of 1-255 visible "
+                                     "ASCII characters");
   }
   x.tenant = std::string(trim(tenants.front()));
+  return std::nullopt;
+}
 
-  auto parsed = idempotency::parse_key(key_values, rs.key.max_length);
+std::optional<server::Response> admit_key(Gateway::Exchange& x) {
+  const auto& rs = *x.route->settings;
+  auto parsed = idempotency::parse_key(field_values(x.request.base(), rs.key.header),
+                                       rs.key.max_length);
   if (parsed.status == idempotency::KeyStatus::missing) {
     x.code = "idempotency_key_missing";
-    co_return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
-                      "this route requires the " + rs.key.header + " header");
+    return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
+                   "this route requires the " + rs.key.header + " header");
   }
   if (parsed.status == idempotency::KeyStatus::invalid) {
     x.code = "idempotency_key_invalid";
-    co_return problem(x, http::status::bad_request, x.code, "Idempotency key invalid",
-                      parsed.reason);
+    return problem(x, http::status::bad_request, x.code, "Idempotency key invalid", parsed.reason);
   }
   x.key = std::move(parsed.key);
   x.key_hash = idempotency::log_hash(x.tenant, x.key);
+  return std::nullopt;
+}
 
-  {
-    idempotency::RequestParts parts;
-    parts.method = x.method;
-    const std::string scope_and_path =
-        x.route->templated ? rs.scope + '\n' + x.path : std::string();
-    parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
-    if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
-      parts.content_type = std::string_view(ct->value());
-    parts.body = x.request.body();
-    for (const auto& name : x.route->fingerprint.header_names()) {
-      const auto values = field_values(x.request.base(), name);
-      if (values.empty()) {
-        parts.header_values.emplace_back(std::nullopt);
-      } else {
-        std::string joined;
-        for (auto v : values) {
-          if (!joined.empty()) joined += ", ";
-          joined += v;
-        }
-        parts.header_values.emplace_back(std::move(joined));
-      }
+std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
+  const auto& rs = *x.route->settings;
+  idempotency::RequestParts parts;
+  parts.method = x.method;
+  const std::string scope_and_path = x.route->templated ? rs.scope + '\n' + x.path : std::string();
+  parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
+  if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
+    parts.content_type = std::string_view(ct->value());
+  parts.body = x.request.body();
+  for (const auto& name : x.route->fingerprint.header_names()) {
+    const auto values = field_values(x.request.base(), name);
+    if (values.empty()) {
+      parts.header_values.emplace_back(std::nullopt);
+      continue;
     }
-    parts.query = x.query;
-    auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
-    if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
-      x.code = "unsupported_media_type";
-      co_return problem(x, http::status::unsupported_media_type, x.code,
-                        "Unsupported media type", fp.reason);
+    std::string joined;
+    for (auto v : values) {
+      if (!joined.empty()) joined += ", ";
+      joined += v;
     }
-    if (fp.status == idempotency::FingerprintStatus::invalid_json) {
-      x.code = "invalid_json";
-      co_return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
-    }
-    x.fingerprint = std::move(fp.value);
+    parts.header_values.emplace_back(std::move(joined));
   }
+  parts.query = x.query;
+  auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
+  if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
+    x.code = "unsupported_media_type";
+    return problem(x, http::status::unsupported_media_type, x.code, "Unsupported media type",
+                   fp.reason);
+  }
+  if (fp.status == idempotency::FingerprintStatus::invalid_json) {
+    x.code = "invalid_json";
+    return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
+  }
+  x.fingerprint = std::move(fp.value);
+  return std::nullopt;
+}
 
-  const bool check_principal = !cfg.tenant.principal_header.empty();
-  if (check_principal) {
+}  // namespace
+
+// Validation before anything is claimed; its failures are never stored. On success the
+// request has its record id, fingerprint and principal.
+std::optional<server::Response> Gateway::admit(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& cfg = x.runtime->settings();
+  x.outcome = Outcome::rejected;
+  if (auto refused = admit_tenant(x)) return refused;
+  if (auto refused = admit_key(x)) return refused;
+  if (auto refused = admit_fingerprint(x)) return refused;
+  x.check_principal = !cfg.tenant.principal_header.empty();
+  if (x.check_principal) {
     const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
     // Like the tenant, the principal is one value: with two, the backend and the record
     // could each take a different one.
     if (values.size() > 1) {
       x.code = "principal_invalid";
-      co_return problem(x, http::status::unauthorized, x.code, "Principal invalid",
-                        "the principal header must be sent once");
+      return problem(x, http::status::unauthorized, x.code, "Principal invalid",
+                     "the principal header must be sent once");
     }
     // Only a hash is stored: the record must not become a directory of user ids.
     x.principal = idempotency::sha256_hex(
-        "idemproxy-principal\n" + std::string(values.empty() ? std::string_view() : trim(values.front())));
+        "idemproxy-principal\n" +
+        std::string(values.empty() ? std::string_view() : trim(values.front())));
   }
-
-  x.id = store::RecordId{x.tenant, rs.scope, x.key};
+  x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
+                                x.principal, rs.lease, rs.retention};
   x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
-  const store::ClaimRequest claim{x.id, x.fingerprint, x.principal, rs.lease, rs.retention};
+  return std::nullopt;
+}
 
-  auto store_unavailable = [&](const error_code& ec) {
-    x.outcome = Outcome::store_unavailable;
-    x.code = "idempotency_store_unavailable";
-    spdlog::warn("store unavailable for route {}: {}", rs.name, ec.message());
-    auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
-                       "the idempotency store could not be reached in time; nothing was forwarded");
-    res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
-    return res;
-  };
-
-  // What decide() needs about this request, next to a row (from the cache or the store).
-  auto situation = [&](std::optional<idempotency::RowView> row, bool wait_budget_left) {
-    idempotency::Situation sit;
-    sit.row = row;
-    sit.fingerprint = x.fingerprint;
-    sit.principal = x.principal;
-    sit.check_principal = check_principal;
-    sit.wait_budget_left = wait_budget_left;
-    return sit;
-  };
-  auto mismatch = [&] {
-    x.outcome = Outcome::key_reused;
-    x.code = "idempotency_key_reused";
-    return problem(x, static_cast<http::status>(rs.mismatch_status), x.code,
-                   "Idempotency key reused",
-                   "this key was already used with a different request; use a new key for a new "
-                   "operation");
-  };
-  auto forbidden = [&] {
-    x.code = "idempotency_key_forbidden";
-    return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
-                   "this key belongs to an operation of another principal");
-  };
-
-  // A completed record replayed recently is answered from memory (see replay_cache.hpp for
-  // why that answer is always the one the store would give). Only replays, mismatches and
-  // refusals come from here; anything else goes to the store.
+// A completed record replayed recently is answered from memory (see replay_cache.hpp for
+// why that answer is always the one the store would give). Only replays, mismatches and
+// refusals come from here; anything else goes to the store.
+std::optional<server::Response> Gateway::answer_from_cache(Exchange& x) {
   ReplayCache* const cache = deps_.replay_cache;
-  const bool cache_active = cache != nullptr && cache->active();
-  if (cache_active) {
-    x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
-    if (auto hit = cache->find(x.operation_id, x.id)) {
+  if (cache == nullptr || !cache->active()) return std::nullopt;
+  x.cache = cache;
+  x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
+  const auto hit = cache->find(x.operation_id, x.claim.id);
+  if (!hit) return std::nullopt;
+  const idempotency::RowView cached{hit->fingerprint, hit->principal, true, hit->attempt, false,
+                                    false};
+  switch (idempotency::decide(situation(x, cached, false))) {
+    case Action::replay:
       x.from_cache = true;
-      const idempotency::RowView cached{hit->fingerprint, hit->principal, true, hit->attempt,
-                                        false, false};
-      switch (idempotency::decide(situation(cached, false))) {
-        case Action::replay:
-          x.outcome = Outcome::replayed;
-          x.attempt = hit->attempt;
-          co_return replay(hit->response, x);
-        case Action::reject_mismatch:
-          co_return mismatch();
-        case Action::forbid:
-          co_return forbidden();
-        default:
-          break;
-      }
-    }
+      return replayed(x, hit->response, hit->attempt);
+    case Action::reject_mismatch:
+      x.from_cache = true;
+      return mismatch(x);
+    case Action::forbid:
+      x.from_cache = true;
+      return forbidden(x);
+    default:
+      return std::nullopt;
   }
-  // Taken before each store call that may hand back a row, so the row can be cached only
-  // if nothing changed the record since (ReplayCache::Ticket).
-  ReplayCache::Ticket ticket;
-  auto take_ticket = [&] {
-    if (cache_active) ticket = cache->ticket(x.operation_id);
-  };
-  auto cache_row = [&](const store::Record& r) {
-    if (!cache_active || !ticket.valid || r.state != store::State::completed || r.expired ||
-        !r.response) {
-      return;
-    }
-    auto entry = std::make_shared<ReplayCache::Entry>();
-    entry->id = x.id;
-    entry->fingerprint = r.fingerprint;
-    entry->principal = r.principal;
-    entry->attempt = r.attempt;
-    entry->response = *r.response;
-    cache->insert(ticket, x.operation_id, r.retention_remaining, std::move(entry));
-  };
+}
 
-  take_ticket();
-  auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
-  if (!claimed) co_return store_unavailable(claimed.error());
-  if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
+asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  // A key-less request on an optional route is not the store's business: it passes through
+  // unprotected, whatever its tenant header says.
+  if (!rs.key.required && field_values(x.request.base(), rs.key.header).empty()) {
+    co_return co_await pass_through(x);
+  }
+  if (auto refused = admit(x)) co_return std::move(*refused);
+  if (auto cached = answer_from_cache(x)) co_return std::move(*cached);
 
+  take_ticket(x);
+  auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(x.claim));
+  if (!claimed) co_return store_unavailable(x, claimed.error());
+  if (claimed->won) co_return co_await run_as_owner(x, claimed->owner);
   // A store that read the row together with the claim (one round trip) hands it over;
   // otherwise the first round reads it.
-  std::optional<std::optional<store::Record>> prefetched;
+  Prefetched prefetched;
   if (claimed->row_read) prefetched.emplace(std::move(claimed->row));
+  co_return co_await settle(x, Role::duplicate, std::move(prefetched));
+}
+
+// Performs an action that tries to make this request the owner. `owner` set: it is; else
+// the caller looks again (with `row` when the attempt read it along).
+asio::awaitable<result<Gateway::Acquired>> Gateway::acquire(Exchange& x, Action action,
+                                                            const store::Record* row) {
+  const auto& rs = *x.route->settings;
+  Acquired got;
+  if (action == Action::claim_again) {
+    take_ticket(x);
+    auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(x.claim));
+    if (!claimed) co_return claimed.error();
+    if (claimed->won) {
+      got.owner = claimed->owner;
+    } else if (claimed->row_read) {
+      got.row.emplace(std::move(claimed->row));
+    }
+    co_return got;
+  }
+  if (action == Action::replace_expired) {
+    auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
+                                   deps_.store->replace_expired(x.claim, row->fence));
+    if (!replaced) co_return replaced.error();
+    got.owner = *replaced;  // nullopt: someone else replaced or changed it first
+    co_return got;
+  }
+  auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
+                              deps_.store->take_over(x.claim.id, row->fence, rs.lease));
+  if (!taken) co_return taken.error();
+  if (*taken) {
+    deps_.metrics->takeover();
+    spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}", rs.name,
+                 x.key_hash, row->attempt, (*taken)->attempt);
+  }
+  got.owner = *taken;
+  co_return got;
+}
+
+// Reads the record until it gives an answer, as a request that did not win the claim. A
+// duplicate may become the owner on the way (the row vanished, expired, or its owner's
+// lease lapsed); a fenced owner may not (it already ran its attempt) and answers 503, so
+// that its client retries into whatever the record says by then.
+asio::awaitable<server::Response> Gateway::settle(Exchange& x, Role role, Prefetched prefetched) {
+  const auto& rs = *x.route->settings;
   // Registered before the first read so an owner in this process that finishes between
-  // our read and our wait still wakes us. The claim's own read came before this, so a
-  // "wait" decided on it is not trusted: that round reads again (see Action::wait).
+  // our read and our wait still wakes us. A row read before this (with the claim, or by a
+  // fenced owner) is not trusted for a "wait": that round reads again (see Action::wait).
   Waiter waiter(*deps_.waiters, x.waiter_key, deps_.executor);
   bool read_before_waiter = prefetched.has_value();
   const auto wait_deadline = SteadyClock::now() + rs.wait;
   Millis poll = kFirstPoll;
 
   for (int round = 0; round < kMaxRounds; ++round) {
-    std::optional<result<std::optional<store::Record>>> fetched;
+    result<std::optional<store::Record>> row = std::optional<store::Record>{};
     if (prefetched) {
-      fetched.emplace(std::move(*prefetched));
+      row = std::move(*prefetched);
       prefetched.reset();
     } else {
       read_before_waiter = false;
-      take_ticket();
-      fetched.emplace(co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id)));
+      take_ticket(x);
+      row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
     }
-    auto& row = *fetched;
-    if (!row) co_return store_unavailable(row.error());
-
-    std::optional<idempotency::RowView> seen;
-    if (row->has_value()) {
-      const auto& r = **row;
-      seen = idempotency::RowView{r.fingerprint, r.principal, r.state == store::State::completed,
-                                  r.attempt, r.lease_expired, r.expired};
-    }
-    switch (idempotency::decide(situation(seen, SteadyClock::now() < wait_deadline))) {
-      case Action::claim_again: {
-        take_ticket();
-        claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
-        if (!claimed) co_return store_unavailable(claimed.error());
-        if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
-        if (claimed->row_read) {
-          prefetched.emplace(std::move(claimed->row));
+    if (!row) co_return store_unavailable(x, row.error());
+    const store::Record* r = row->has_value() ? &**row : nullptr;
+    const auto seen = r != nullptr ? std::optional(view_of(*r)) : std::nullopt;
+    const Action action = idempotency::decide(situation(x, seen, SteadyClock::now() < wait_deadline));
+    switch (action) {
+      case Action::claim_again:
+      case Action::replace_expired:
+      case Action::take_over: {
+        if (role == Role::fenced_owner) {
+          co_return unrecorded(x,
+                               "another attempt took this key over and its record holds no "
+                               "answer yet; retry with the same key after the indicated delay",
+                               rs.retry_after);
+        }
+        auto got = co_await acquire(x, action, r);
+        if (!got) co_return store_unavailable(x, got.error());
+        if (got->owner) co_return co_await run_as_owner(x, *got->owner);
+        if (got->row) {
+          prefetched = std::move(got->row);
           read_before_waiter = false;  // this claim, and its read, came after the waiter
         }
         continue;
       }
-      case Action::replace_expired: {
-        auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
-                                        deps_.store->replace_expired(claim, (*row)->attempt));
-        if (!replaced) co_return store_unavailable(replaced.error());
-        if (*replaced) co_return co_await run_as_owner(x, **replaced);
-        continue;  // someone else replaced or changed it first: look again
-      }
-      case Action::take_over: {
-        auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
-                                     deps_.store->take_over(x.id, (*row)->attempt, rs.lease));
-        if (!taken) co_return store_unavailable(taken.error());
-        if (*taken) {
-          deps_.metrics->takeover();
-          spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}",
-                       rs.name, x.key_hash, (*row)->attempt, **taken);
-          co_return co_await run_as_owner(x, **taken);
-        }
-        continue;
-      }
       case Action::reject_mismatch:
-        cache_row(**row);
-        co_return mismatch();
+        cache_row(x, *r);
+        co_return mismatch(x);
       case Action::forbid:
-        cache_row(**row);
-        co_return forbidden();
-      case Action::replay: {
-        x.outcome = Outcome::replayed;
-        x.attempt = (*row)->attempt;
-        if (!(*row)->response) {
-          // A completed row always has a response; anything else is a store defect.
-          co_return store_unavailable(make_error_code(errc::store_protocol));
-        }
-        cache_row(**row);
-        co_return replay(*(*row)->response, x);
-      }
+        cache_row(x, *r);
+        co_return forbidden(x);
+      case Action::replay:
+        // A completed row always has a response; anything else is a store defect.
+        if (!r->response) co_return store_unavailable(x, make_error_code(errc::store_protocol));
+        cache_row(x, *r);
+        co_return replayed(x, *r->response, r->attempt);
       case Action::wait: {
-        // The owner may have finished between the claim's read and the waiter's
-        // registration, and its wake-up gone to nobody: look again before sleeping.
+        // The owner may have finished between that read and the waiter's registration,
+        // and its wake-up gone to nobody: look again before sleeping.
         if (read_before_waiter) {
           read_before_waiter = false;
           continue;
         }
         auto until = std::min(wait_deadline, SteadyClock::now() + poll);
         // Wake when the owner's lease runs out, to take over without waiting a full poll.
-        const auto lease_left = (*row)->lease_remaining;
-        if (lease_left > Millis{0}) {
-          until = std::min(until, SteadyClock::now() + lease_left + Millis{5});
+        if (r->lease_remaining > Millis{0}) {
+          until = std::min(until, SteadyClock::now() + r->lease_remaining + Millis{5});
         }
         poll = std::min(kMaxPoll, poll * 2);
         co_await waiter.wait_until(until);
         continue;
       }
       case Action::answer_in_progress:
-        break;
+        co_return in_progress(x);
     }
-    break;
   }
-
-  x.outcome = Outcome::in_progress;
-  x.code = "idempotency_in_progress";
-  auto res = problem(x, http::status::conflict, x.code, "Request in progress",
-                     "a request with this key is still being processed; retry after the "
-                     "indicated delay");
-  res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
-  co_return res;
+  co_return in_progress(x);
 }
 
-asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, std::int64_t attempt) {
+asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, store::Ownership owner) {
   const auto& rs = *x.route->settings;
-  x.attempt = attempt;
+  x.owner = owner;
+  x.attempt = owner.attempt;
   ++owners_in_flight_;
   struct InFlight {
     std::size_t& n;
     ~InFlight() { --n; }
   } in_flight{owners_in_flight_};
 
-  auto keeper = start_lease_keeper(deps_, x.id, attempt, rs.lease);
-  auto out = co_await forward(x, attempt);
+  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease);
+  auto out = co_await forward(x, &owner);
   keeper->stop();
-
-  auto fenced = [&](std::string_view what) {
-    deps_.metrics->fenced_write();
-    spdlog::warn("{} fenced: attempt {} no longer owns the record (route {}, key_hash {})", what,
-                 attempt, rs.name, x.key_hash);
-  };
 
   switch (out.failure) {
     case upstream::Failure::none:
       break;
     case upstream::Failure::connect_failed: {
-      // Nothing reached the backend: free the key so the retry starts clean.
-      auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
-      if (released && !*released) fenced("release");
+      // Nothing reached the backend: free the key so the retry starts clean. Fenced or not,
+      // "not sent" is the truth about this request.
+      auto released = co_await timed(*deps_.metrics, x, StoreOp::release,
+                                     deps_.store->release(x.claim.id, owner.fence));
+      if (released && !*released) {
+        deps_.metrics->fenced_write();
+        log_fenced(x, "release", "upstream_unavailable (not sent)");
+      }
       deps_.waiters->notify(x.waiter_key);
       x.outcome = Outcome::released;
       x.code = "upstream_unavailable";
@@ -661,68 +773,103 @@ asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, std::int64_
     case upstream::Failure::timeout:
     case upstream::Failure::broken:
     case upstream::Failure::response_too_large:
-    case upstream::Failure::bad_response: {
-      // The backend may have acted. Keep the row but end the lease now, so the next retry
-      // takes over at once with a higher attempt and the same operation id, which lets the
-      // backend find its own earlier result.
-      auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
-                                     deps_.store->expire_lease(x.id, attempt));
-      if (expired && !*expired) fenced("lease expiry");
-      deps_.waiters->notify(x.waiter_key);
-      x.outcome = Outcome::unknown_outcome;
-      if (out.failure == upstream::Failure::timeout || out.failure == upstream::Failure::broken) {
-        x.code = "upstream_timeout";
-        co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
-                          "the upstream did not answer in time; the outcome is unknown, retry "
-                          "with the same key");
-      }
-      x.code = "upstream_invalid_response";
-      co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
-                        "the upstream's response was malformed or larger than allowed; retry "
-                        "with the same key");
-    }
+    case upstream::Failure::bad_response:
+      co_return co_await unknown_outcome(x, out.failure);
   }
 
   const int status = static_cast<int>(out.response.result_int());
-  if (!rs.store.stores(status)) {
-    // Transient answers (5xx, 408, 425, 429 by default) must not stick to the key.
-    auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
-    if (released && !*released) fenced("release");
-    if (!released) {
-      spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
-                   released.error().message());
-    }
-    deps_.waiters->notify(x.waiter_key);
-    x.outcome = Outcome::released;
-    co_return to_client(std::move(out.response), x);
-  }
+  if (!rs.store.stores(status)) co_return co_await release_answer(x, std::move(out.response));
+  co_return co_await record_answer(x, std::move(out.response));
+}
 
-  const auto stored = capture(out.response, rs);
-  // The response goes out only after its record commits, so every later retry sees exactly
-  // what this client saw. One retry covers a pooled connection that died in between.
+// The backend may have acted. Keep the row but end the lease now, so the next retry takes
+// over at once with a higher attempt and the same operation id, which lets the backend
+// find its own earlier result. There is no answer to hide, fenced or not.
+asio::awaitable<server::Response> Gateway::unknown_outcome(Exchange& x, upstream::Failure failure) {
+  auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
+                                deps_.store->expire_lease(x.claim.id, x.owner.fence));
+  if (expired && !*expired) {
+    deps_.metrics->fenced_write();
+    log_fenced(x, "lease expiry", "outcome unknown");
+  }
+  deps_.waiters->notify(x.waiter_key);
+  x.outcome = Outcome::unknown_outcome;
+  if (failure == upstream::Failure::timeout || failure == upstream::Failure::broken) {
+    x.code = "upstream_timeout";
+    co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
+                      "the upstream did not answer in time; the outcome is unknown, retry "
+                      "with the same key");
+  }
+  x.code = "upstream_invalid_response";
+  co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
+                    "the upstream's response was malformed or larger than allowed; retry "
+                    "with the same key");
+}
+
+// Transient answers (5xx, 408, 425, 429 by default) must not stick to the key.
+asio::awaitable<server::Response> Gateway::release_answer(Exchange& x, upstream::Response&& up) {
+  auto released = co_await timed(*deps_.metrics, x, StoreOp::release,
+                                 deps_.store->release(x.claim.id, x.owner.fence));
+  deps_.waiters->notify(x.waiter_key);
+  if (released && !*released) {
+    // Another claim owns the key: this attempt's answer is not the key's.
+    co_return co_await answer_fenced(x, "release", Prefetched{});
+  }
+  if (!released) {
+    spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
+                 released.error().message());
+  }
+  x.outcome = Outcome::released;
+  co_return to_client(std::move(up), x);
+}
+
+// The response goes out only after its record commits, so every later retry sees exactly
+// what this client saw.
+asio::awaitable<server::Response> Gateway::record_answer(Exchange& x, upstream::Response&& up) {
+  const auto& rs = *x.route->settings;
+  const auto stored = capture(up, rs);
+  // One retry covers a pooled connection that died in between.
   auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                                   deps_.store->complete(x.id, attempt, stored, rs.retention));
+                                  deps_.store->complete(x.claim.id, x.owner.fence, stored, rs.retention));
   if (!completed) {
     completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                                deps_.store->complete(x.id, attempt, stored, rs.retention));
+                               deps_.store->complete(x.claim.id, x.owner.fence, stored, rs.retention));
   }
   deps_.waiters->notify(x.waiter_key);
   if (!completed) {
-    x.outcome = Outcome::store_unavailable;
-    x.code = "idempotency_store_unavailable";
     spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
-                  attempt, completed.error().message());
-    auto res = problem(x, http::status::service_unavailable, x.code,
-                       "Idempotency store unavailable",
-                       "the upstream answered but the answer could not be recorded; retry with "
-                       "the same key after the indicated delay");
+                  x.owner.attempt, completed.error().message());
     // The row keeps its lease until it lapses; only then can a retry take over.
-    res.set(http::field::retry_after, retry_after_seconds(std::max(rs.lease, rs.retry_after)));
-    co_return res;
+    co_return unrecorded(x,
+                         "the upstream answered but the answer could not be recorded; retry "
+                         "with the same key after the indicated delay",
+                         std::max(rs.lease, rs.retry_after));
   }
-  if (!*completed) fenced("completion");
+  // A completion whose first try committed after all (its answer lost to a timeout) finds
+  // its own answer recorded: a success like any other.
+  if (*completed == store::Completion::fenced) {
+    co_return co_await answer_fenced(x, "completion", Prefetched{});
+  }
   x.outcome = Outcome::created;
-  co_return to_client(std::move(out.response), x);
+  co_return to_client(std::move(up), x);
+}
+
+// A fenced owner never answers with its own, unrecorded response: it answers as a duplicate
+// would, from the record (a replay, in progress, or 503 to retry), and says which.
+asio::awaitable<server::Response> Gateway::answer_fenced(Exchange& x, std::string_view what,
+                                                         Prefetched row) {
+  deps_.metrics->fenced_write();
+  auto res = co_await settle(x, Role::fenced_owner, std::move(row));
+  x.fenced = fenced_answer(x.outcome);
+  deps_.metrics->fenced_answer(x.fenced);
+  log_fenced(x, what, x.fenced);
+  co_return res;
+}
+
+void Gateway::log_fenced(const Exchange& x, std::string_view what, std::string_view answer) const {
+  spdlog::warn("{} fenced: attempt {} (fencing token {}) no longer owns the record (route {}, "
+               "key_hash {}); answered: {}",
+               what, x.owner.attempt, x.owner.fence, x.route->settings->name, x.key_hash, answer);
 }
 
 }  // namespace idem::gateway

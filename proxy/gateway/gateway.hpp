@@ -12,6 +12,7 @@
 #include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
+#include "idempotency/decision.hpp"
 #include "observability/metrics.hpp"
 #include "server/server.hpp"
 #include "store/store.hpp"
@@ -44,10 +45,32 @@ class Gateway {
   struct Exchange;  // one request's state; defined in gateway.cpp
 
  private:
+  // Who is reading the record: a request that lost the claim, or an owner whose write was
+  // fenced (it may not become the owner again; it only answers from the record).
+  enum class Role { duplicate, fenced_owner };
+  // A row read ahead (with a lost claim, or by a fenced owner): nullopt = none read yet.
+  using Prefetched = std::optional<std::optional<store::Record>>;
+  struct Acquired {
+    std::optional<store::Ownership> owner;  // set: this request owns the record now
+    Prefetched row;                         // a lost claim's row, read along with it
+  };
+
   asio::awaitable<server::Response> protected_request(Exchange& x);
-  asio::awaitable<server::Response> run_as_owner(Exchange& x, std::int64_t attempt);
+  std::optional<server::Response> admit(Exchange& x);
+  std::optional<server::Response> answer_from_cache(Exchange& x);
+  asio::awaitable<server::Response> settle(Exchange& x, Role role, Prefetched prefetched);
+  asio::awaitable<result<Acquired>> acquire(Exchange& x, idempotency::Action action,
+                                            const store::Record* row);
+  asio::awaitable<server::Response> run_as_owner(Exchange& x, store::Ownership owner);
+  asio::awaitable<server::Response> unknown_outcome(Exchange& x, upstream::Failure failure);
+  asio::awaitable<server::Response> release_answer(Exchange& x, upstream::Response&& up);
+  asio::awaitable<server::Response> record_answer(Exchange& x, upstream::Response&& up);
+  asio::awaitable<server::Response> answer_fenced(Exchange& x, std::string_view what,
+                                                  Prefetched row);
+  void log_fenced(const Exchange& x, std::string_view what, std::string_view answer) const;
   asio::awaitable<server::Response> pass_through(Exchange& x);
-  asio::awaitable<upstream::Outcome> forward(Exchange& x, std::int64_t attempt);
+  // owner == nullptr: an unprotected request (no operation id, attempt or fencing token).
+  asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);
 
   Dependencies deps_;
   std::size_t owners_in_flight_ = 0;

@@ -11,13 +11,14 @@
 namespace idem::gateway {
 
 // The headers the backend trusts as idemproxy's own word (operation id for its unique
-// constraint, attempt for fencing). forward() sets them; every incoming request loses
-// them, and their look-alikes, on every route (gateway/inbound.hpp). This is the one list:
-// a new trusted header is added here and nowhere else.
+// constraint, attempt, fencing token for its own writes). forward() sets them; every
+// incoming request loses them, and their look-alikes, on every route (gateway/inbound.hpp).
+// This is the one list: a new trusted header is added here and nowhere else.
 inline constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
 inline constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
-inline constexpr std::array<std::string_view, 2> kTrustedHeaders = {kOperationIdHeader,
-                                                                    kAttemptHeader};
+inline constexpr std::string_view kFencingTokenHeader = "X-Idempotency-Fencing-Token";
+inline constexpr std::array<std::string_view, 3> kTrustedHeaders = {
+    kOperationIdHeader, kAttemptHeader, kFencingTokenHeader};
 
 // The markers idemproxy puts on replays. A backend's own would make a first answer read as
 // a replay (or a replay without its body), so they are removed from every backend answer.

@@ -30,6 +30,7 @@ struct RecordId {
 struct StoredHeader {
   std::string name;
   std::string value;
+  friend bool operator==(const StoredHeader&, const StoredHeader&) = default;
 };
 
 struct StoredResponse {
@@ -38,15 +39,30 @@ struct StoredResponse {
   std::string body;                   // empty when body_omitted
   bool body_omitted = false;          // body was larger than max_stored_body
   std::string resource_id;            // from Location; empty = none
+  friend bool operator==(const StoredResponse&, const StoredResponse&) = default;
 };
 
 enum class State { in_progress, completed };
+
+// What one claim of a record holds: every owner write names `fence`, and backends see both.
+//   attempt — counts the attempts of one operation: 1 on a claim, +1 per takeover and
+//             replacement (X-Idempotency-Attempt). It starts at 1 again after a release.
+//   fence   — the fencing token: drawn anew by every claim, takeover and replacement, and
+//             never the same for two claims of a key over its whole life (across release,
+//             lease expiry, takeover, replacement after retention and purge), so an owner
+//             of an earlier claim can never write to a later one (X-Idempotency-Fencing-Token).
+struct Ownership {
+  std::int64_t attempt = 0;
+  std::int64_t fence = 0;
+  friend bool operator==(const Ownership&, const Ownership&) = default;
+};
 
 struct Record {
   std::string fingerprint;
   std::string principal;  // hash of the principal that created it; empty = none
   State state = State::in_progress;
   std::int64_t attempt = 0;
+  std::int64_t fence = 0;  // the fencing token of the claim that holds (or completed) it
   bool lease_expired = false;  // in_progress and lease_expires_at <= now
   bool expired = false;        // expires_at <= now (retention passed)
   Millis lease_remaining{0};   // > 0 only while a live lease runs
@@ -59,6 +75,12 @@ struct Record {
   std::int64_t lease_expires_at_us = 0;
 };
 
+// What a completion did. `already_recorded`: nothing was written because the record is
+// already completed under this very fence with this very answer — a retry of a completion
+// whose first try committed but whose answer was lost (a timeout). To the caller that is
+// a success; only `fenced` means another claim owns the record (or it is gone).
+enum class Completion { recorded, already_recorded, fenced };
+
 struct ClaimRequest {
   RecordId id;
   std::string fingerprint;
@@ -69,7 +91,7 @@ struct ClaimRequest {
 
 struct ClaimResult {
   bool won = false;
-  std::int64_t attempt = 0;  // the fencing token when won
+  Ownership owner;  // set when won: attempt 1 and a fresh fencing token
   // A lost claim may come with the row already read, by a statement of its own that ran
   // after the claim, exactly as read() would have (PgStore sends both in one round trip).
   // row_read = false: the caller reads with read(). row_read and no row: it vanished.
@@ -81,41 +103,45 @@ class Store {
  public:
   virtual ~Store() = default;
 
-  // INSERT ... ON CONFLICT DO NOTHING: wins with attempt 1 and a lease, or loses.
+  // INSERT ... ON CONFLICT DO NOTHING: wins with attempt 1, a fresh fence and a lease, or
+  // loses.
   virtual asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) = 0;
 
   // Reads the row in a new statement (sees the winner's committed row). nullopt = no row.
   virtual asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) = 0;
 
-  // Compare-and-swap takeover: only if in_progress, attempt == seen_attempt and the lease
-  // expired. Returns the new attempt (seen_attempt + 1), or nullopt if the swap lost.
-  virtual asio::awaitable<result<std::optional<std::int64_t>>> take_over(
-      const RecordId& id, std::int64_t seen_attempt, Millis lease) = 0;
+  // Compare-and-swap takeover: only if in_progress, fence == seen_fence and the lease
+  // expired. Returns the new ownership (attempt + 1, a fresh fence), or nullopt if the
+  // swap lost. The CAS is on the fence, not the attempt: a row released and claimed again
+  // since it was read has the same attempt but another fence (and maybe another
+  // fingerprint), and must not be taken over on the strength of the old read.
+  virtual asio::awaitable<result<std::optional<Ownership>>> take_over(
+      const RecordId& id, std::int64_t seen_fence, Millis lease) = 0;
 
   // Atomic replacement of a record whose retention passed (expires_at <= now) and which is
   // not held by a live lease: becomes a fresh in_progress claim with the request's
-  // fingerprint/principal, attempt = seen_attempt + 1 (tokens never go backwards), new
-  // created_at, lease and expires_at. nullopt if the row changed since it was read.
-  virtual asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
-      const ClaimRequest& req, std::int64_t seen_attempt) = 0;
+  // fingerprint/principal, attempt + 1, a fresh fence, new created_at, lease and
+  // expires_at. nullopt if the row changed (another fence) since it was read.
+  virtual asio::awaitable<result<std::optional<Ownership>>> replace_expired(
+      const ClaimRequest& req, std::int64_t seen_fence) = 0;
 
-  // Guarded by attempt: in_progress -> completed with the response, completed_at = now,
-  // expires_at = now + retention. false = fenced (a newer attempt owns the row, or gone).
-  virtual asio::awaitable<result<bool>> complete(const RecordId& id, std::int64_t attempt,
-                                                 const StoredResponse& response,
-                                                 Millis retention) = 0;
+  // Guarded by fence: in_progress -> completed with the response, completed_at = now,
+  // expires_at = now + retention. See Completion for what else it may answer.
+  virtual asio::awaitable<result<Completion>> complete(const RecordId& id, std::int64_t fence,
+                                                       const StoredResponse& response,
+                                                       Millis retention) = 0;
 
-  // Guarded by attempt: deletes the in_progress row. false = fenced.
-  virtual asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t attempt) = 0;
+  // Guarded by fence: deletes the in_progress row. false = fenced.
+  virtual asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t fence) = 0;
 
-  // Guarded by attempt: lease_expires_at = now + lease (and expires_at is kept at least
+  // Guarded by fence: lease_expires_at = now + lease (and expires_at is kept at least
   // that far). false = fenced.
-  virtual asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t attempt,
+  virtual asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t fence,
                                               Millis lease) = 0;
 
-  // Guarded by attempt: lease_expires_at = now, so the next retry takes over at once.
+  // Guarded by fence: lease_expires_at = now, so the next retry takes over at once.
   virtual asio::awaitable<result<bool>> expire_lease(const RecordId& id,
-                                                     std::int64_t attempt) = 0;
+                                                     std::int64_t fence) = 0;
 
   // Admin: deletes the record whatever its state. false = there was none.
   virtual asio::awaitable<result<bool>> purge(const RecordId& id) = 0;
