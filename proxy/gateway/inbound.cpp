@@ -68,10 +68,6 @@ InboundCheck sanitize_inbound(boost::beast::http::fields& fields,
   return out;
 }
 
-}  // namespace idem::gateway
-
-namespace idem::gateway {
-
 InboundCheck check_inbound(boost::beast::http::fields& fields, std::string_view method,
                            std::string_view path, const Runtime& runtime,
                            const CompiledRoute* matched) {
