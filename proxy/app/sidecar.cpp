@@ -189,6 +189,9 @@ void Sidecar::Parts::build_admin() {
   // probes and scrapes with this one.
   lo.reuse_port = false;
   lo.backlog = 64;
+  // Record paths carry percent-encoded keys verbatim (a key may be ".."); nothing the
+  // admin listener serves is forwarded, so its targets need no normalization.
+  lo.normalize_target = false;
   // Own gauge: a scraper's keep-alive connection must not hold up the drain.
   admin_server = std::make_unique<server::Server>(first.ioc, lo, [] { return admin_limits(); },
                                                   handler,

@@ -13,6 +13,7 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/headers.hpp"
+#include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
 #include "idempotency/key.hpp"
 #include "observability/logging.hpp"
@@ -24,9 +25,6 @@ using idempotency::Step;
 using obs::Outcome;
 using obs::StoreOp;
 
-constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
-constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
-constexpr std::string_view kFencingTokenHeader = "X-Idempotency-Fencing-Token";
 
 double seconds_since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
@@ -104,10 +102,13 @@ server::Response problem(const Gateway::Exchange& x, http::status status, std::s
   return server::make_problem(status, code, title, detail, x.version, x.keep_alive);
 }
 
-// The response the client sees from the upstream: per-hop fields belong to our hop.
+// The response the client sees from the upstream: per-hop fields belong to our hop, and
+// the replay markers are idemproxy's alone (a backend's own would make this first answer
+// read as a replay).
 server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) {
   server::Response res = std::move(up);
   strip_hop_by_hop(res.base());
+  strip_replay_markers(res.base());
   res.version(x.version);
   res.keep_alive(x.keep_alive);
   // A HEAD answer carries the length the GET would have; recomputing it from the empty
@@ -121,10 +122,16 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   out.status = static_cast<int>(res.result_int());
   for (const auto& f : res.base()) {
     const std::string_view name = f.name_string();
-    const bool wanted = std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
+    const bool marker = std::any_of(kReplayMarkers.begin(), kReplayMarkers.end(),
+                                    [&](std::string_view m) { return iequals(m, name); });
+    const bool wanted = !marker &&
+                        std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
                                     [&](const std::string& h) { return iequals(h, name); });
+    // Values are kept as the exact bytes the backend sent (store/header_codec.hpp).
     if (wanted) out.headers.push_back({std::string(name), std::string(f.value())});
-    if (iequals(name, "Location") && out.resource_id.empty()) out.resource_id = f.value();
+    if (iequals(name, "Location") && out.resource_id.empty()) {
+      out.resource_id = resource_id_from_location(f.value());
+    }
   }
   if (res.body().size() > rs.max_stored_body) {
     out.body_omitted = true;
@@ -137,12 +144,22 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
 server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x) {
   server::Response res{static_cast<http::status>(stored.status), x.version};
   for (const auto& h : stored.headers) res.insert(h.name, h.value);
-  res.set("Idempotent-Replayed", "true");
-  if (stored.body_omitted) res.set("Idempotent-Replay-Body", "omitted");
+  res.set(std::string(kReplayedHeader), "true");
+  if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
   res.body() = stored.body;
   res.keep_alive(x.keep_alive);
   res.prepare_payload();
   return res;
+}
+
+// The request as every decision below reads it and as the backend receives it, made in
+// one place before anything is decided (gateway/inbound.hpp).
+std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
+  const auto check = check_inbound(x.request.base(), x.method, x.path, *x.runtime, x.route);
+  if (check.ok) return std::nullopt;
+  x.outcome = Outcome::rejected;
+  x.code = "bad_request";
+  return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
 // Times one store call and accounts its failure; the caller decides what a failure means.
@@ -233,15 +250,11 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
     x.path = std::string(parts.path);
     x.query = std::string(parts.query);
   }
-  // The backend trusts these as the sidecar's word (dedupe, fencing): a client must never
-  // be able to supply them, on any route.
-  request.erase(std::string(kOperationIdHeader));
-  request.erase(std::string(kAttemptHeader));
-  request.erase(std::string(kFencingTokenHeader));
-
   server::Response res;
   x.route = x.runtime->match(x.method, x.path);
-  if (x.route) {
+  if (auto refused = inbound_refusal(x)) {
+    res = std::move(*refused);
+  } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
     x.outcome = Outcome::rejected;
@@ -305,7 +318,9 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   upstream::Request up;
   up.method_string(x.request.method_string());
   up.version(11);
-  up.target(up_settings.base_path + std::string(x.request.target()));
+  // "*" (OPTIONS) names the server as a whole, so no base path goes in front of it.
+  const std::string_view target = x.request.target();
+  up.target(target == "*" ? std::string(target) : up_settings.base_path + std::string(target));
   for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.
@@ -509,6 +524,13 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
   x.check_principal = !cfg.tenant.principal_header.empty();
   if (x.check_principal) {
     const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
+    // Like the tenant, the principal is one value: with two, the backend and the record
+    // could each take a different one.
+    if (values.size() > 1) {
+      x.code = "principal_invalid";
+      return problem(x, http::status::unauthorized, x.code, "Principal invalid",
+                     "the principal header must be sent once");
+    }
     // Only a hash is stored: the record must not become a directory of user ids.
     x.principal = idempotency::sha256_hex(
         "idemproxy-principal\n" +

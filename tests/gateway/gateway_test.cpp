@@ -957,3 +957,120 @@ TEST_CASE("with the replay cache: another principal is refused from memory too")
   CHECK(f.probe.claims == claims);  // both decided on the cached record
   CHECK(f.metrics.replay_cache_hits() == 2);
 }
+
+// ---------------------------------------------------------------------------------------
+// Request hardening (issue 10): what the gateway decides by is what the backend receives.
+
+TEST_CASE("look-alikes of the tenant and trusted headers never reach the backend") {
+  Fixture f;
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X_Tenant_Id", "victim");
+  req.insert("X_Idempotency_Operation_Id", "forged");
+  req.insert("X_Idempotency_Attempt", "99");
+  req.insert("Idempotency_Key", "other");
+  CHECK(f.call(std::move(req)).result_int() == 201);
+  server::Request other{http::verb::get, "/health", 11};
+  other.insert("X_Idempotency_Attempt", "99");
+  other.insert("X_Tenant_Id", "victim");
+  f.call(std::move(other));
+  REQUIRE(f.upstream.calls.size() == 2);
+  for (const auto& sent : f.upstream.calls) {
+    for (const auto& field : sent) CHECK(std::string(field.name_string()).find('_') == std::string::npos);
+  }
+  CHECK(f.upstream.calls[0]["X-Tenant-Id"] == "t1");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
+}
+
+TEST_CASE("Connection naming a decided header is refused before anything is claimed") {
+  Fixture f;
+  for (const char* option : {"X-Tenant-Id", "Idempotency-Key", "Host", "Content-Type"}) {
+    CAPTURE(option);
+    auto req = Fixture::order("k1", kBody);
+    req.set(http::field::connection, std::string("keep-alive, ") + option);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  server::Request other{http::verb::get, "/health", 11};
+  other.set("X-Tenant-Id", "t1");
+  other.set(http::field::connection, "X-Tenant-Id");
+  CHECK(f.call(std::move(other)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a repeated principal header is refused") {
+  Fixture f;
+  auto s = std::make_shared<settings::Settings>(f.holder->load()->settings());
+  s->tenant.principal_header = "X-User-Id";
+  f.configure(*s);
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X-User-Id", "alice");
+  req.insert("X-User-Id", "bob");
+  auto res = f.call(std::move(req));
+  CHECK(res.result_int() == 401);
+  CHECK(problem_code(res) == "principal_invalid");
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a target that resembles a route is refused, not passed through unprotected") {
+  Fixture f;
+  for (const char* target : {"//orders", "/orders/", "/Orders", "/orders;x=1"}) {
+    CAPTURE(target);
+    auto req = Fixture::order("k1", kBody);
+    req.target(target);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  auto lower = Fixture::order("k1", kBody);
+  lower.method_string("post");
+  CHECK(f.call(std::move(lower)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+  server::Request get{http::verb::get, "/orders/", 11};
+  CHECK(f.call(std::move(get)).result_int() == 201);  // another method: not the route
+}
+
+TEST_CASE("a backend's own replay markers are stripped from the first answer and not recorded") {
+  Fixture f;
+  f.route().replay_headers.push_back("Idempotent-Replayed");
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotent-Replayed", "true");
+    out.response.set("Idempotent-Replay-Body", "omitted");
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first.count("Idempotent-Replayed") == 0);
+  CHECK(first.count("Idempotent-Replay-Body") == 0);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  for (const auto& h : row->response->headers) CHECK(h.name.find("Idempotent") == std::string::npos);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.count("Idempotent-Replayed") == 1);
+  CHECK(replay.count("Idempotent-Replay-Body") == 0);
+  CHECK_FALSE(replay.body().empty());
+}
+
+TEST_CASE("a Location that is not UTF-8 is recorded exactly; the resource id is text") {
+  Fixture f;
+  const std::string location = "/orders/\xff\xfe-\x80";
+  f.upstream.scripts.push_back([location](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set(http::field::location, location);
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first[http::field::location] == location);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  CHECK(row->response->resource_id == "/orders/%FF%FE-%80");
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay[http::field::location] == location);
+}
