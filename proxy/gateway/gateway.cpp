@@ -15,6 +15,8 @@
 #include "gateway/headers.hpp"
 #include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
+#include "common/time_text.hpp"
+#include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
 #include "observability/logging.hpp"
 
@@ -122,8 +124,9 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   out.status = static_cast<int>(res.result_int());
   for (const auto& f : res.base()) {
     const std::string_view name = f.name_string();
-    const bool marker = std::any_of(kReplayMarkers.begin(), kReplayMarkers.end(),
-                                    [&](std::string_view m) { return iequals(m, name); });
+    const auto is = [&](std::string_view m) { return iequals(m, name); };
+    const bool marker = std::any_of(kReplayMarkers.begin(), kReplayMarkers.end(), is) ||
+                        std::any_of(kBackendControls.begin(), kBackendControls.end(), is);
     const bool wanted = !marker &&
                         std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
                                     [&](const std::string& h) { return iequals(h, name); });
@@ -141,10 +144,14 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   return out;
 }
 
-server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x) {
+// A recorded answer. `as_replay`: marked as one (a retry's answer); not marked when it is
+// the operation's first answer to reach a client (a backend that recorded other than what
+// it sent: the record wins).
+server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x,
+                        bool as_replay = true) {
   server::Response res{static_cast<http::status>(stored.status), x.version};
   for (const auto& h : stored.headers) res.insert(h.name, h.value);
-  res.set(std::string(kReplayedHeader), "true");
+  if (as_replay) res.set(std::string(kReplayedHeader), "true");
   if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
   res.body() = stored.body;
   res.keep_alive(x.keep_alive);
@@ -194,12 +201,15 @@ struct LeaseKeeper {
   bool stopped = false;
 };
 
+// `backend_completes`: the backend may complete the record before it answers, after which a
+// renewal matches nothing without anything being fenced; the renewals then simply stop.
 std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
-                                                store::Ownership owner, Millis lease) {
+                                                store::Ownership owner, Millis lease,
+                                                bool backend_completes) {
   auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
   const Millis period = std::max(Millis{50}, lease / 3);
   auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), owner,
-                   lease, period]() -> asio::awaitable<void> {
+                   lease, period, backend_completes]() -> asio::awaitable<void> {
     // The first renewal is due now: the timer below has already waited one period.
     for (bool due = true; !keeper->stopped; due = false) {
       if (!due) {
@@ -219,6 +229,8 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         continue;
       }
       if (!*renewed) {
+        if (backend_completes) co_return;  // completed by the backend, or fenced: the
+                                           // answer's own step tells which
         // Another claim owns the row: our completion will be fenced too.
         metrics->fenced_write();
         spdlog::warn("lease renewal fenced: attempt {} (fencing token {}) no longer owns the record",
@@ -343,6 +355,13 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
     up.set(std::string(kOperationIdHeader), x.operation_id);
     up.set(std::string(kAttemptHeader), std::to_string(owner->attempt));
     up.set(std::string(kFencingTokenHeader), std::to_string(owner->fence));
+    up.set(std::string(kRecordCreatedHeader), rfc3339_from_us(owner->created_at_us));
+    up.set(std::string(kRecordExpiresHeader), rfc3339_from_us(owner->expires_at_us));
+    const auto& rs = *x.route->settings;
+    if (rs.completion == settings::Completion::backend) {
+      up.set(std::string(kRecordHeader),
+             idempotency::record_reference(owner->fence, rs.retention, rs.scope, x.key));
+    }
   }
   up.body() = std::move(x.request.body());
   up.prepare_payload();
@@ -660,14 +679,16 @@ asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store
   const auto& rs = *x.route->settings;
   x.owner = owner;
   x.attempt = owner.attempt;
-  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease);
+  const bool backend_completes = rs.completion == settings::Completion::backend;
+  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease, backend_completes);
   x.upstream = co_await forward(x, &owner);
   keeper->stop();
   idempotency::Forwarded f;
   switch (x.upstream.failure) {
     case upstream::Failure::none:
       f.result = idempotency::UpstreamResult::answered;
-      f.storable = rs.store.stores(static_cast<int>(x.upstream.response.result_int()));
+      f.storable = storable(x);
+      if (backend_completes) f.backend = backend_record(x);
       break;
     case upstream::Failure::connect_failed:
       f.result = idempotency::UpstreamResult::not_sent;
@@ -682,6 +703,52 @@ asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store
       break;
   }
   co_return f;
+}
+
+// The route's `store` lists decide whether an answer is recorded, unless the backend says
+// otherwise for this one answer (X-Idempotency-Directive).
+bool Gateway::storable(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kDirectiveHeader);
+  const auto directive = idempotency::parse_directive(
+      values.empty() ? std::nullopt : std::optional<std::string_view>(values.front()));
+  if (values.size() > 1 || directive == idempotency::Directive::invalid) {
+    deps_.metrics->directive("invalid");
+    spdlog::warn("ignoring an invalid {} from the backend (route {}, key_hash {}); the route's "
+                 "store lists decide", kDirectiveHeader, rs.name, x.key_hash);
+  } else if (directive == idempotency::Directive::release) {
+    deps_.metrics->directive("release");
+    return false;
+  } else if (directive == idempotency::Directive::record) {
+    deps_.metrics->directive("record");
+    return true;
+  }
+  return rs.store.stores(static_cast<int>(res.result_int()));
+}
+
+// What a backend that completes in its own transaction says it recorded: the digest of
+// the answer, which must be the one of the answer it sent.
+idempotency::BackendRecord Gateway::backend_record(Exchange& x) {
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kRecordedHeader);
+  if (values.empty()) {
+    deps_.metrics->backend_completion("absent");
+    return idempotency::BackendRecord::none;
+  }
+  std::string_view location;
+  if (auto it = res.find(http::field::location); it != res.end()) location = it->value();
+  const auto digest = idempotency::answer_digest(static_cast<int>(res.result_int()),
+                                                 resource_id_from_location(location), res.body());
+  if (values.size() == 1 && trim(values.front()) == digest) {
+    deps_.metrics->backend_completion("confirmed");
+    return idempotency::BackendRecord::confirmed;
+  }
+  deps_.metrics->backend_completion("differed");
+  spdlog::warn("the backend recorded an answer other than the one it sent (route {}, attempt "
+               "{}, key_hash {}); the record wins",
+               x.route->settings->name, x.owner.attempt, x.key_hash);
+  return idempotency::BackendRecord::differs;
 }
 
 // The owner's writes wake the duplicates waiting in this process, whatever their outcome:
@@ -740,6 +807,14 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
     case Answer::released:
       x.outcome = Outcome::released;
       res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::backend_recorded:
+      if (!x.row || !x.row->response) {
+        res = store_unavailable(x, make_error_code(errc::store_protocol));
+        break;
+      }
+      x.outcome = Outcome::created;
+      res = replay(*x.row->response, x, /*as_replay=*/false);
       break;
     case Answer::not_sent:
       x.outcome = Outcome::released;

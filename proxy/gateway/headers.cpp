@@ -76,6 +76,7 @@ void strip_hop_by_hop(boost::beast::http::fields& fields) {
 
 void strip_replay_markers(boost::beast::http::fields& fields) {
   for (auto name : kReplayMarkers) fields.erase(boost::beast::string_view(name.data(), name.size()));
+  for (auto name : kBackendControls) fields.erase(boost::beast::string_view(name.data(), name.size()));
 }
 
 TargetParts split_target(std::string_view target) noexcept {

@@ -11,14 +11,28 @@
 namespace idem::gateway {
 
 // The headers the backend trusts as idemproxy's own word (operation id for its unique
-// constraint, attempt, fencing token for its own writes). forward() sets them; every
-// incoming request loses them, and their look-alikes, on every route (gateway/inbound.hpp).
-// This is the one list: a new trusted header is added here and nowhere else.
+// constraint, attempt, fencing token for its own writes, the record's lifetime, and on
+// `completion: backend` routes the record reference it completes with). forward() sets
+// them; every incoming request loses them, and their look-alikes, on every route
+// (gateway/inbound.hpp). This is the one list: a new trusted header is added here and
+// nowhere else.
 inline constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
 inline constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
 inline constexpr std::string_view kFencingTokenHeader = "X-Idempotency-Fencing-Token";
-inline constexpr std::array<std::string_view, 3> kTrustedHeaders = {
-    kOperationIdHeader, kAttemptHeader, kFencingTokenHeader};
+inline constexpr std::string_view kRecordCreatedHeader = "X-Idempotency-Record-Created";
+inline constexpr std::string_view kRecordExpiresHeader = "X-Idempotency-Record-Expires";
+inline constexpr std::string_view kRecordHeader = "X-Idempotency-Record";
+inline constexpr std::array<std::string_view, 6> kTrustedHeaders = {
+    kOperationIdHeader,   kAttemptHeader,       kFencingTokenHeader,
+    kRecordCreatedHeader, kRecordExpiresHeader, kRecordHeader};
+
+// The fields by which a backend speaks to idemproxy in its answers: the digest of the
+// answer it recorded itself (`completion: backend`), and its directive to release or record
+// this one answer. Read by the gateway, removed from every backend answer, never recorded.
+inline constexpr std::string_view kRecordedHeader = "X-Idempotency-Recorded";
+inline constexpr std::string_view kDirectiveHeader = "X-Idempotency-Directive";
+inline constexpr std::array<std::string_view, 2> kBackendControls = {kRecordedHeader,
+                                                                     kDirectiveHeader};
 
 // The markers idemproxy puts on replays. A backend's own would make a first answer read as
 // a replay (or a replay without its body), so they are removed from every backend answer.
@@ -30,7 +44,8 @@ inline constexpr std::array<std::string_view, 2> kReplayMarkers = {kReplayedHead
 // Removes hop-by-hop fields: the fixed list plus every field named in any Connection field.
 void strip_hop_by_hop(boost::beast::http::fields& fields);
 
-// Removes the replay markers (kReplayMarkers).
+// Removes the replay markers (kReplayMarkers) and the backend's control fields
+// (kBackendControls): what a client receives of them is idemproxy's alone.
 void strip_replay_markers(boost::beast::http::fields& fields);
 
 // The connection options of every Connection field, in order (empty list members skipped).
