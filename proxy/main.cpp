@@ -6,6 +6,7 @@
 #include <string>
 
 #include "app/commands.hpp"
+#include "app/verify_backend.hpp"
 #include "settings/settings.hpp"
 
 #ifndef IDEMPROXY_VERSION
@@ -25,11 +26,15 @@ constexpr const char* kUsage =
     "  idemproxy [serve] --config FILE      run the sidecar (default command)\n"
     "  idemproxy migrate --config FILE      apply pending migrations, then exit\n"
     "  idemproxy check-config --config FILE validate; print the effective config (secrets masked)\n"
+    "  idemproxy verify-backend --config FILE --route NAME [--body FILE] [--release-body FILE]\n"
+    "                 [--tenant T] [--target PATH] [--header 'Name: value']...\n"
+    "                                       check the backend's side of the contract (docs/backend.md)\n"
     "  idemproxy --version | --help\n";
 
 struct Command {
   std::string name = "serve";
   std::string config;
+  app::VerifyOptions verify;  // verify-backend's own options
 };
 
 std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
@@ -60,7 +65,17 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
       cmd.config = arg.substr(9);
       continue;
     }
-    if (!named && (arg == "serve" || arg == "migrate" || arg == "check-config")) {
+    if (cmd.name == "verify-backend" && app::is_verify_option(arg)) {
+      std::string error;
+      if (i + 1 >= argc || !app::parse_verify_option(arg, argv[++i], cmd.verify, error)) {
+        std::cerr << "idemproxy: " << (error.empty() ? arg + " needs a value" : error) << "\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      continue;
+    }
+    if (!named && (arg == "serve" || arg == "migrate" || arg == "check-config" ||
+                   arg == "verify-backend")) {
       cmd.name = arg;
       named = true;
       continue;
@@ -74,6 +89,12 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     exit_code = kExitUsage;
     return std::nullopt;
   }
+  if (cmd.name == "verify-backend" && cmd.verify.route.empty()) {
+    std::cerr << "idemproxy: verify-backend needs --route NAME\n" << kUsage;
+    exit_code = kExitUsage;
+    return std::nullopt;
+  }
+  cmd.verify.config_path = cmd.config;
   return cmd;
 }
 
@@ -90,6 +111,7 @@ int main(int argc, char** argv) {
   try {
     if (cmd->name == "migrate") return app::migrate(cmd->config);
     if (cmd->name == "check-config") return app::check_config(cmd->config);
+    if (cmd->name == "verify-backend") return app::verify_backend(cmd->verify);
     return app::serve(cmd->config, IDEMPROXY_VERSION);
   } catch (const settings::ConfigError& e) {
     print_config_error(e);

@@ -15,7 +15,6 @@
 #include "gateway/headers.hpp"
 #include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
-#include "common/time_text.hpp"
 #include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
 #include "observability/logging.hpp"
@@ -352,16 +351,11 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   }
   if (owner != nullptr) {
     if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
-    up.set(std::string(kOperationIdHeader), x.operation_id);
-    up.set(std::string(kAttemptHeader), std::to_string(owner->attempt));
-    up.set(std::string(kFencingTokenHeader), std::to_string(owner->fence));
-    up.set(std::string(kRecordCreatedHeader), rfc3339_from_us(owner->created_at_us));
-    up.set(std::string(kRecordExpiresHeader), rfc3339_from_us(owner->expires_at_us));
     const auto& rs = *x.route->settings;
-    if (rs.completion == settings::Completion::backend) {
-      up.set(std::string(kRecordHeader),
-             idempotency::record_reference(owner->fence, rs.retention, rs.scope, x.key));
-    }
+    set_owner_headers(up.base(), x.operation_id, *owner,
+                      rs.completion == settings::Completion::backend
+                          ? idempotency::record_reference(owner->fence, rs.retention, rs.scope, x.key)
+                          : std::string());
   }
   up.body() = std::move(x.request.body());
   up.prepare_payload();

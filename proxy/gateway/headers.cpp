@@ -2,6 +2,8 @@
 
 #include <cctype>
 
+#include "common/time_text.hpp"
+
 namespace idem::gateway {
 namespace {
 
@@ -72,6 +74,20 @@ void strip_hop_by_hop(boost::beast::http::fields& fields) {
       "Proxy-Authorization", "Expect"};
   for (auto name : fixed) fields.erase(boost::beast::string_view(name.data(), name.size()));
   for (const auto& name : named) fields.erase(name);
+}
+
+void set_owner_headers(boost::beast::http::fields& fields, std::string_view operation_id,
+                       const store::Ownership& owner, const std::string& record_reference) {
+  const auto set = [&](std::string_view name, std::string_view value) {
+    fields.set(boost::beast::string_view(name.data(), name.size()),
+               boost::beast::string_view(value.data(), value.size()));
+  };
+  set(kOperationIdHeader, operation_id);
+  set(kAttemptHeader, std::to_string(owner.attempt));
+  set(kFencingTokenHeader, std::to_string(owner.fence));
+  set(kRecordCreatedHeader, rfc3339_from_us(owner.created_at_us));
+  set(kRecordExpiresHeader, rfc3339_from_us(owner.expires_at_us));
+  if (!record_reference.empty()) set(kRecordHeader, record_reference);
 }
 
 void strip_replay_markers(boost::beast::http::fields& fields) {

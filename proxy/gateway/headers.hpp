@@ -8,6 +8,8 @@
 
 #include <boost/beast/http/fields.hpp>
 
+#include "store/record.hpp"
+
 namespace idem::gateway {
 
 // The headers the backend trusts as idemproxy's own word (operation id for its unique
@@ -40,6 +42,12 @@ inline constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 inline constexpr std::string_view kReplayBodyHeader = "Idempotent-Replay-Body";
 inline constexpr std::array<std::string_view, 2> kReplayMarkers = {kReplayedHeader,
                                                                    kReplayBodyHeader};
+
+// The trusted headers an owner's request carries to the backend: operation id, attempt,
+// fencing token, the record's lifetime, and the record reference when there is one (an
+// empty `record_reference` sets none). One place, for the gateway and verify-backend.
+void set_owner_headers(boost::beast::http::fields& fields, std::string_view operation_id,
+                       const store::Ownership& owner, const std::string& record_reference);
 
 // Removes hop-by-hop fields: the fixed list plus every field named in any Connection field.
 void strip_hop_by_hop(boost::beast::http::fields& fields);
