@@ -10,17 +10,17 @@
 
 #include <boost/json.hpp>
 
+#include "common/text.hpp"
 #include "support/harness.hpp"
 
 namespace idem::it::suite {
 
 inline std::string unique(std::string_view prefix) {
   static std::mt19937_64 rng{std::random_device{}()};
-  static const char* hex = "0123456789abcdef";
   std::string out(prefix);
   out += '-';
-  auto v = rng();
-  for (int i = 0; i < 12; ++i, v >>= 4) out += hex[v & 15];
+  text::append_hex_digits(out, static_cast<unsigned>(rng()), 8);
+  text::append_hex_digits(out, static_cast<unsigned>(rng()), 4);
   return out;
 }
 

@@ -176,18 +176,8 @@ inline Exposition parse_exposition(std::string_view text) {
 
 // RFC 3986: everything but unreserved characters percent-encoded.
 inline std::string url_encode(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c) || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
-      out += ch;
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
+  text::append_uri_component(out, s);
   return out;
 }
 

@@ -4,6 +4,8 @@
 
 #include <charconv>
 
+#include "common/text.hpp"
+
 namespace idem::it {
 
 namespace {
@@ -14,11 +16,7 @@ struct ResultDeleter {
 using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
 
 std::string trimmed_error(const char* message) {
-  std::string text = message ? message : "";
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
-    text.pop_back();
-  }
-  return text;
+  return std::string(text::trim_end(message ? message : "", "\n "));
 }
 
 }  // namespace

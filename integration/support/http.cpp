@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <cctype>
 #include <cerrno>
 
 #include <boost/asio/connect.hpp>
@@ -47,10 +46,8 @@ std::string printable(std::string_view raw, std::size_t limit = 2000) {
     } else if (c == '\n') {
       out += "\\n\n";
     } else if (c < 0x20 || c >= 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
       out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 0xf];
+      text::append_hex_digits(out, c, 2);
     } else {
       out += static_cast<char>(c);
     }
@@ -153,19 +150,6 @@ bool method_has_body_semantics(std::string_view method) {
 }  // namespace
 
 // ------------------------------------------------------------------------- HttpResponse
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
 
 std::optional<std::string> HttpResponse::header(std::string_view name) const {
   for (const auto& [n, v] : headers) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/text.hpp"
 #include "support/wait.hpp"
 
 namespace idem::it {
@@ -32,8 +33,8 @@ struct HttpResponse {
   bool has_header(std::string_view name) const { return header(name).has_value(); }
 };
 
-// Case-insensitive ASCII comparison, as HTTP field names compare.
-bool iequals(std::string_view a, std::string_view b);
+// Case-insensitive ASCII comparison, as HTTP field names compare (common/text.hpp).
+using text::iequals;
 
 // A port that was free a moment ago (bound to 127.0.0.1:0 and released). Another process
 // may take it in between; tests that can use port 0 directly should.

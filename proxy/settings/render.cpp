@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -19,7 +20,6 @@ constexpr std::string_view kMask = "****";
 // every value (but never in keys): without it a literal "$HOME"-like text would not survive
 // a round trip.
 std::string yaml_quote(std::string_view s, bool expandable = true) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out = "\"";
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
@@ -37,8 +37,7 @@ std::string yaml_quote(std::string_view s, bool expandable = true) {
       out += "\\r";
     } else if (u < 0x20 || u == 0x7f) {
       out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0xf];
+      text::append_hex_digits(out, u, 2);
     } else if (u == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
       // NEL, LS and PS are line breaks to a YAML reader: a raw one would be folded away.
       out += "\\N";
