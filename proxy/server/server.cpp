@@ -5,9 +5,10 @@
 // (stop_accepting, close_idle, the destructor) may come from any thread and are dispatched
 // onto it. Only the ConnectionGauge and the active-connection counter are shared.
 //
-// Deadlines: the session keeps a plain tcp::socket and its own timer rather than using
-// beast::tcp_stream, because tcp_stream closes the socket when a deadline passes and a
-// request that timed out mid-way should still get its 408 before the connection closes.
+// Deadlines: the session keeps a plain tcp::socket and its own lazy deadline
+// (common/deadline.hpp) rather than using beast::tcp_stream, because tcp_stream closes the
+// socket when a deadline passes and a request that timed out mid-way should still get its
+// 408 before the connection closes.
 #include "common/http_head.hpp"
 #include "server/server.hpp"
 
@@ -37,6 +38,7 @@
 #include <boost/beast/http/write.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/deadline.hpp"
 #include "common/message_parser.hpp"
 #include "server/framing.hpp"
 #include "server/request_head.hpp"
@@ -259,13 +261,17 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::unordered_set<Session*> sessions_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session {
  public:
   // The caller has already counted this connection in the gauge; detach() uncounts it.
   Session(std::shared_ptr<Listener> owner, tcp::socket socket)
       : owner_(std::move(owner)),
         socket_(std::move(socket)),
-        timer_(socket_.get_executor()),
+        deadline_(socket_.get_executor(),
+                  [this] {
+                    interrupt(deadline_kind_ == Deadline::write ? tcp::socket::shutdown_both
+                                                                : tcp::socket::shutdown_receive);
+                  }),
         id_(g_next_connection_id.fetch_add(1, std::memory_order_relaxed)) {
     error_code ec;
     peer_ = socket_.remote_endpoint(ec);
@@ -315,9 +321,12 @@ class Session : public std::enable_shared_from_this<Session> {
                                     const RequestContext& ctx);
   asio::awaitable<void> lingering_close();
 
-  void arm(Millis after, Deadline kind);
-  void disarm();
-  void start_timer();
+  void arm(Millis after, Deadline kind) {
+    deadline_kind_ = kind;
+    deadline_.arm_after(after);
+  }
+  void disarm() noexcept { deadline_.disarm(); }
+  bool timed_out() const noexcept { return deadline_.expired(); }
   // The session is over: no deadline may fire any more, and the timer lets go of it.
   void finish() noexcept;
   void interrupt(tcp::socket::shutdown_type how) noexcept;
@@ -328,20 +337,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   const std::shared_ptr<Listener> owner_;
   tcp::socket socket_;
-  asio::steady_timer timer_;
+  // Every request arms and disarms a deadline three or four times (idle, header, body,
+  // write); a lazy one (common/deadline.hpp) fires about once per header_timeout in
+  // steady keep-alive traffic, not per phase. A passed deadline interrupts the socket.
+  LazyDeadline deadline_;
+  Deadline deadline_kind_ = Deadline::read;
   beast::flat_buffer buffer_;
   std::string head_;  // the response head being written (reused across requests)
   tcp::endpoint peer_;
   std::string peer_address_;  // formatted once: every forwarded request names it
   const std::uint64_t id_;
-  // The current phase's deadline (max = none) and the pending timer wait (see arm()).
-  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
-  Deadline deadline_kind_ = Deadline::read;
-  SteadyClock::time_point timer_expiry_{};
-  std::uint64_t timer_generation_ = 0;
-  bool timer_pending_ = false;
-  bool finished_ = false;
-  bool timed_out_ = false;
   bool idle_ = false;
   bool close_requested_ = false;
 };
@@ -447,50 +452,7 @@ void Listener::refuse_overloaded(tcp::socket& socket) {
 // ---------------------------------------------------------------------------------------
 // Session
 
-// Every request arms and disarms a deadline three or four times (idle, header, body,
-// write). A timer wait per phase would cost a timer-queue insert, a cancellation and a
-// handler call each time, so the timer is lazy instead: arm() records the deadline and
-// only touches the timer when the new deadline is earlier than the wait already pending;
-// disarm() only forgets the deadline. When the pending wait fires it compares the clock
-// with the deadline current at that moment: passed → time out the phase in progress;
-// later → wait again until then; none → stay idle until the next arm(). In steady
-// keep-alive traffic the timer thus fires about once per header_timeout, not per phase.
-void Session::arm(Millis after, Deadline kind) {
-  timed_out_ = false;
-  deadline_ = SteadyClock::now() + after;
-  deadline_kind_ = kind;
-  if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
-}
-
-void Session::disarm() { deadline_ = SteadyClock::time_point::max(); }
-
-void Session::start_timer() {
-  timer_expiry_ = deadline_;
-  timer_pending_ = true;
-  const auto generation = ++timer_generation_;
-  timer_.expires_at(timer_expiry_);  // cancels a pending wait: its handler sees a stale generation
-  // The handler owns a reference: it may run after the session finished, and must then
-  // find a live (if ignored) object. finish() cancels the wait so that it does not keep the
-  // session alive until its expiry.
-  timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
-    if (generation != self->timer_generation_) return;  // replaced by a newer wait
-    self->timer_pending_ = false;
-    if (ec || self->finished_ || self->deadline_ == SteadyClock::time_point::max()) return;
-    if (SteadyClock::now() < self->deadline_) {
-      self->start_timer();  // the deadline moved later since this wait began
-      return;
-    }
-    self->timed_out_ = true;
-    self->interrupt(self->deadline_kind_ == Deadline::write ? tcp::socket::shutdown_both
-                                                            : tcp::socket::shutdown_receive);
-  });
-}
-
-void Session::finish() noexcept {
-  finished_ = true;
-  disarm();
-  timer_.cancel();
-}
+void Session::finish() noexcept { deadline_.stop(); }
 
 // cancel() aborts the operation in flight, but a Beast composed operation may be between
 // two steps with nothing in flight; the shutdown makes the next step fail too (a read sees
@@ -521,7 +483,7 @@ asio::awaitable<bool> Session::write(Response& res, Millis timeout) {
     if (head_.capacity() > kIdleBufferCap) std::string().swap(head_);
   }
   disarm();
-  co_return !ec && !timed_out_;
+  co_return !ec && !timed_out();
 }
 
 asio::awaitable<void> Session::refuse(http::status status, std::string_view code,
@@ -545,7 +507,7 @@ asio::awaitable<void> Session::refuse(http::status status, std::string_view code
 asio::awaitable<void> Session::refuse_body(const error_code& ec, http_parse::Overflow overflow,
                                            const settings::Limits& limits, unsigned version,
                                            const RequestContext& ctx) {
-  if (timed_out_) {
+  if (timed_out()) {
     co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
                     "the request body was not received in time", version, ctx,
                     limits.body_timeout);
@@ -579,7 +541,7 @@ asio::awaitable<void> Session::lingering_close() {
   if (!ec) {
     arm(kLingerTime, Deadline::read);
     std::size_t discarded = 0;
-    while (!timed_out_ && discarded < kLingerMaxBytes) {
+    while (!timed_out() && discarded < kLingerMaxBytes) {
       buffer_.clear();
       auto [rec, n] = co_await socket_.async_read_some(buffer_.prepare(kDiscardReadSize), use_tuple);
       if (rec) break;  // EOF: the client has read everything and closed
@@ -635,7 +597,7 @@ asio::awaitable<void> Session::serve() {
       buffer_.commit(n);
       // Nothing had started: an idle timeout or shutdown ends silently, and so does a
       // client that closed (EOF) between requests.
-      if (ec || timed_out_ || close_requested_) break;
+      if (ec || timed_out() || close_requested_) break;
     }
 
     RequestContext ctx{peer_, SteadyClock::now(), id_, peer_address_};
@@ -651,7 +613,7 @@ asio::awaitable<void> Session::serve() {
     arm(limits.header_timeout, Deadline::read);
     auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
     disarm();
-    if (timed_out_) {
+    if (timed_out()) {
       co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
                       "the request header was not received in time", 11, ctx,
                       limits.body_timeout);
@@ -709,7 +671,7 @@ asio::awaitable<void> Session::serve() {
         arm(limits.body_timeout, Deadline::write);
         auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
         disarm();
-        if (cec || timed_out_) break;
+        if (cec || timed_out()) break;
       }
       parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
       // Beast's parser waits for a whole chunk line, and for the whole trailer section,
@@ -723,7 +685,7 @@ asio::awaitable<void> Session::serve() {
       auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
       disarm();
       buffer_.max_size(kUnbounded);
-      if (timed_out_ || bec) {
+      if (timed_out() || bec) {
         auto overflow = parser.overflow();
         if (bec == http::error::buffer_overflow) {
           const auto pending = buffer_.cdata();

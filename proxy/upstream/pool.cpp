@@ -10,9 +10,10 @@
 // whether the request is protected by a claim) may decide to try again.
 //
 // Per-request costs are kept low on purpose, since every proxied request pays them: a
-// pooled connection keeps its read buffer and its deadline timer, the deadline timer is
-// lazy (see Connection::arm), and the request head is written by hand in one buffer
+// pooled connection keeps its read buffer and its deadline timer, the deadline is lazy
+// (common/deadline.hpp), and the request head is written by hand in one buffer
 // rather than through Beast's serializer.
+#include "common/deadline.hpp"
 #include "common/http_head.hpp"
 #include "common/message_parser.hpp"
 #include "upstream/client.hpp"
@@ -114,30 +115,27 @@ void append_request_head(std::string& out, const Request& req) {
 
 // One connection to the backend and what it keeps from one exchange to the next.
 //
-// The deadline is lazy, like the client sessions' (server.cpp): arm() records it and only
-// starts a timer wait when none is pending or the pending one is due later; when a wait
-// fires it compares the clock with the deadline then current. Exchanges on a pooled
-// connection arm later and later deadlines, so the timer fires about once per
+// The deadline is lazy (common/deadline.hpp), like the client sessions': exchanges on a
+// pooled connection arm later and later deadlines, so the timer fires about once per
 // response_timeout instead of being set and cancelled for every write and read. A passed
-// deadline shuts the socket down, so whatever step of the exchange is running (or
-// starts next) fails at once.
-class Connection : public std::enable_shared_from_this<Connection> {
+// deadline shuts the socket down, so whatever step of the exchange is running (or starts
+// next) fails at once.
+class Connection {
  public:
-  explicit Connection(const asio::any_io_executor& ex) : socket(ex), timer_(ex) {}
+  explicit Connection(const asio::any_io_executor& ex)
+      : socket(ex), deadline_(ex, [this] {
+          error_code ignored;
+          socket.cancel(ignored);
+          socket.shutdown(tcp::socket::shutdown_both, ignored);
+        }) {}
 
-  void arm(SteadyClock::time_point deadline) {
-    timed_out_ = false;
-    deadline_ = deadline;
-    if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
-  }
-  void disarm() noexcept { deadline_ = SteadyClock::time_point::max(); }
-  bool timed_out() const noexcept { return timed_out_; }
+  void arm(SteadyClock::time_point deadline) { deadline_.arm(deadline); }
+  void disarm() noexcept { deadline_.disarm(); }
+  bool timed_out() const noexcept { return deadline_.expired(); }
 
-  // Closes the socket and lets go of the timer (whose handler holds this object).
+  // Closes the socket and cancels the deadline's pending wait.
   void close() noexcept {
-    closed_ = true;
-    disarm();
-    timer_.cancel();
+    deadline_.stop();
     error_code ignored;
     socket.close(ignored);
   }
@@ -148,33 +146,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   SteadyClock::time_point since;  // when it went idle
 
  private:
-  void start_timer() {
-    timer_expiry_ = deadline_;
-    timer_pending_ = true;
-    const auto generation = ++timer_generation_;
-    timer_.expires_at(timer_expiry_);
-    timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
-      if (generation != self->timer_generation_) return;  // replaced by a newer wait
-      self->timer_pending_ = false;
-      if (ec || self->closed_ || self->deadline_ == SteadyClock::time_point::max()) return;
-      if (SteadyClock::now() < self->deadline_) {
-        self->start_timer();
-        return;
-      }
-      self->timed_out_ = true;
-      error_code ignored;
-      self->socket.cancel(ignored);
-      self->socket.shutdown(tcp::socket::shutdown_both, ignored);
-    });
-  }
-
-  asio::steady_timer timer_;
-  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
-  SteadyClock::time_point timer_expiry_{};
-  std::uint64_t timer_generation_ = 0;
-  bool timer_pending_ = false;
-  bool timed_out_ = false;
-  bool closed_ = false;
+  LazyDeadline deadline_;
 };
 
 using ConnectionPtr = std::shared_ptr<Connection>;
