@@ -1,4 +1,4 @@
-#include "support/http.hpp"
+#include "test_support/http.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -19,7 +19,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
-namespace idem::it {
+namespace idem::test {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -66,6 +66,7 @@ HttpResponse to_response(http::response<http::string_body>&& message) {
     out.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
   }
   out.keep_alive = message.keep_alive();
+  out.version = message.version();
   out.body = std::move(message.body());
   return out;
 }
@@ -178,20 +179,23 @@ std::uint16_t free_port() {
   return acceptor.local_endpoint().port();
 }
 
-bool port_open(std::uint16_t port) {
+int connect_errno(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    return false;
+    return errno;
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // Loopback connects complete (or are refused) at once, so a blocking connect is bounded.
-  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  const int err =
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
   ::close(fd);
-  return ok;
+  return err;
 }
+
+bool port_open(std::uint16_t port) { return connect_errno(port) == 0; }
 
 void wait_for_port(std::uint16_t port, Millis timeout) {
   wait_until([port] { return port_open(port); }, timeout,
@@ -381,12 +385,16 @@ void RawConnection::send(std::string_view bytes, Millis timeout) {
   }
 }
 
-std::string RawConnection::read_response_bytes(Millis timeout) {
+// The bytes of the next complete response in the inbox, reading more as needed; what
+// arrived when the server closed first or sent something that is not HTTP; nullopt when
+// `timeout` passed first.
+std::optional<std::string> RawConnection::next_response_bytes(Millis timeout,
+                                                              bool head_request) {
   Impl& s = *impl_;
   const Deadline deadline(timeout);
   for (;;) {
     try {
-      if (auto parsed = try_parse_response(s.inbox, s.eof)) {
+      if (auto parsed = try_parse_response(s.inbox, s.eof, head_request)) {
         std::string bytes = s.inbox.substr(0, parsed->second);
         s.inbox.erase(0, parsed->second);
         return bytes;
@@ -400,18 +408,65 @@ std::string RawConnection::read_response_bytes(Millis timeout) {
       return std::exchange(s.inbox, {});
     }
     if (!s.read_more(deadline.remaining())) {
-      throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
-                    "; received so far: \"" + printable(s.inbox) + "\"");
+      return std::nullopt;
     }
   }
 }
 
-HttpResponse RawConnection::read_response(Millis timeout) {
-  const std::string bytes = read_response_bytes(timeout);
-  if (bytes.empty()) {
-    throw Failure(impl_->where + " closed the connection without a response");
+std::string RawConnection::read_response_bytes(Millis timeout) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, false);
+  if (!bytes) {
+    throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
+                  "; received so far: \"" + printable(s.inbox) + "\"");
   }
-  return parse_response(bytes, impl_->eof);
+  return std::move(*bytes);
+}
+
+HttpResponse RawConnection::read_response(Millis timeout, bool head_request) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, head_request);
+  if (!bytes) {
+    throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
+                  "; received so far: \"" + printable(s.inbox) + "\"");
+  }
+  if (bytes->empty()) {
+    throw Failure(s.where + " closed the connection without a response");
+  }
+  return parse_response(*bytes, s.eof, head_request);
+}
+
+std::optional<HttpResponse> RawConnection::next_response(Millis timeout, bool head_request) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, head_request);
+  if (!bytes || bytes->empty()) {
+    return std::nullopt;
+  }
+  try {
+    return parse_response(*bytes, s.eof, head_request);
+  } catch (const Failure&) {
+    return std::nullopt;  // truncated or not HTTP: no response either
+  }
+}
+
+bool RawConnection::try_send(std::string_view bytes, Millis timeout) {
+  try {
+    send(bytes, timeout);
+    return true;
+  } catch (const Failure&) {
+    return false;
+  }
+}
+
+bool RawConnection::closed_by_peer(Millis timeout) {
+  Impl& s = *impl_;
+  if (!s.inbox.empty()) {
+    return false;
+  }
+  if (!s.eof && !s.read_more(timeout)) {
+    return false;  // still open
+  }
+  return s.inbox.empty() && s.eof;
 }
 
 std::string RawConnection::read_until_close(Millis timeout) {
@@ -466,7 +521,8 @@ std::string raw_exchange(std::uint16_t port, std::string_view bytes, Millis time
 // ---------------------------------------------------------------------------- parsing
 
 std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::string_view raw,
-                                                                       bool eof) {
+                                                                       bool eof,
+                                                                       bool head_request) {
   if (raw.empty()) {
     if (!eof) {
       return std::nullopt;
@@ -477,6 +533,9 @@ std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::stri
   parser.header_limit(kHeaderLimit);
   parser.body_limit(kBodyLimit);
   parser.eager(true);
+  if (head_request) {
+    parser.skip(true);  // the Content-Length describes a body that is not sent
+  }
   std::size_t used = 0;
   error_code ec;
   while (!parser.is_done()) {
@@ -508,12 +567,12 @@ std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::stri
   return std::make_pair(to_response(parser.release()), used);
 }
 
-HttpResponse parse_response(std::string_view raw, bool eof) {
-  auto parsed = try_parse_response(raw, eof);
+HttpResponse parse_response(std::string_view raw, bool eof, bool head_request) {
+  auto parsed = try_parse_response(raw, eof, head_request);
   if (!parsed) {
     throw Failure("incomplete HTTP response: \"" + printable(raw) + "\"");
   }
   return std::move(parsed->first);
 }
 
-}  // namespace idem::it
+}  // namespace idem::test

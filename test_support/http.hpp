@@ -1,8 +1,11 @@
 #pragma once
-// HTTP from the test's side: a keep-alive client for ordinary exchanges, a raw connection
-// for framing and disconnect tests, and a parser for what comes back. Every call has a
-// deadline and throws Failure (wait.hpp) with a message naming the exchange when it passes.
-// Objects are not thread-safe; give each thread its own (see concurrently.hpp).
+// HTTP from the test's side, for the server unit tests and the end-to-end suites: a
+// keep-alive client for ordinary exchanges, a raw connection for framing and disconnect
+// tests (it writes exactly the bytes a test gives it, so tests can send malformed or
+// ambiguous framing no real client library would produce), and a parser for what comes
+// back. Every call has a deadline and throws Failure (wait.hpp) with a message naming the
+// exchange when it passes, unless it says it returns instead. Objects are not
+// thread-safe; give each thread its own (integration/support/concurrently.hpp).
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -12,10 +15,12 @@
 #include <utility>
 #include <vector>
 
-#include "common/text.hpp"
-#include "support/wait.hpp"
+#include <boost/beast/http/status.hpp>
 
-namespace idem::it {
+#include "common/text.hpp"
+#include "test_support/wait.hpp"
+
+namespace idem::test {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
@@ -25,6 +30,12 @@ struct HttpResponse {
   Headers headers;  // in the order received, names as the server spelled them
   std::string body;
   bool keep_alive = true;  // what the response allows for the connection
+  unsigned version = 11;   // 10 for HTTP/1.0
+
+  // The status as Beast's enum, to compare with http::status::ok and the like.
+  boost::beast::http::status result() const {
+    return static_cast<boost::beast::http::status>(status);
+  }
 
   // First value of the header, matched case-insensitively.
   std::optional<std::string> header(std::string_view name) const;
@@ -43,6 +54,9 @@ std::uint16_t free_port();
 void wait_for_port(std::uint16_t port, Millis timeout = kDefaultTimeout);
 // True if a TCP connection to 127.0.0.1:port succeeds right now.
 bool port_open(std::uint16_t port);
+// The errno of a TCP connect to 127.0.0.1:port right now (ECONNREFUSED when nobody
+// listens), 0 when it succeeds.
+int connect_errno(std::uint16_t port);
 
 class HttpClient {
  public:
@@ -91,7 +105,18 @@ class RawConnection {
   // possibly nothing. Throws on timeout.
   std::string read_response_bytes(Millis timeout = kDefaultTimeout);
   // Like read_response_bytes, parsed; throws if the server closed without a full response.
-  HttpResponse read_response(Millis timeout = kDefaultTimeout);
+  // `head_request`: the response answers a HEAD (its Content-Length announces no body).
+  HttpResponse read_response(Millis timeout = kDefaultTimeout, bool head_request = false);
+  // The next complete response, or nullopt when the connection ended, the bytes were not
+  // HTTP, or `timeout` passed before one arrived: for tests where "no answer" is an outcome.
+  // A 1xx interim response counts as a response.
+  std::optional<HttpResponse> next_response(Millis timeout = 5s, bool head_request = false);
+  // Sends all of `bytes`; false (instead of throwing) when the server has already closed
+  // or reset the connection.
+  bool try_send(std::string_view bytes, Millis timeout = kDefaultTimeout);
+  // True when the server closes (FIN or RST) within `timeout` and sends nothing first;
+  // false when bytes arrive (they stay buffered) or the connection is still open.
+  bool closed_by_peer(Millis timeout = 5s);
   // Everything until the server closes (including what is already buffered).
   std::string read_until_close(Millis timeout = kDefaultTimeout);
   // True if the server closes (or resets) the connection within `timeout`; data that
@@ -107,6 +132,7 @@ class RawConnection {
 
  private:
   struct Impl;
+  std::optional<std::string> next_response_bytes(Millis timeout, bool head_request);
   std::unique_ptr<Impl> impl_;
 };
 
@@ -117,11 +143,12 @@ std::string raw_exchange(std::uint16_t port, std::string_view bytes,
 
 // Parses one complete response from `raw`; throws Failure (with the bytes) if it is
 // malformed or incomplete. `eof`: the connection ended after `raw`, which completes a body
-// delimited by closing.
-HttpResponse parse_response(std::string_view raw, bool eof = true);
+// delimited by closing. `head_request`: it answers a HEAD, so it has no body.
+HttpResponse parse_response(std::string_view raw, bool eof = true, bool head_request = false);
 // Tries to parse one response from the start of `raw`: the response and the bytes it used,
 // or nullopt if more bytes are needed. Throws Failure if the bytes are not valid HTTP.
 std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::string_view raw,
-                                                                       bool eof);
+                                                                       bool eof,
+                                                                       bool head_request = false);
 
-}  // namespace idem::it
+}  // namespace idem::test

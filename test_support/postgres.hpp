@@ -1,8 +1,10 @@
 #pragma once
-// Synchronous PostgreSQL access for test assertions ("what row did the sidecar leave?")
-// and setup (truncate, age a lease). Blocking libpq is right here: the test thread has
-// nothing else to do. Statements are parameterized only; values travel as text, results
-// come back as text (NULL as nullopt), exactly as psql would show them.
+// The PostgreSQL under test, for unit and end-to-end tests alike: where it is
+// (DATABASE_URL), synchronous access for assertions ("what row did the sidecar leave?")
+// and setup (truncate, age a lease), and scratch databases of a test's own. Blocking
+// libpq is right here: the test thread has nothing else to do (the product never blocks
+// on libpq inside an event loop). Statements are parameterized only; values travel as
+// text, results come back as text (NULL as nullopt), exactly as psql would show them.
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -11,9 +13,17 @@
 #include <string_view>
 #include <vector>
 
-#include "support/wait.hpp"
+#include "test_support/wait.hpp"
 
-namespace idem::it {
+namespace idem::test {
+
+// The variable's value, or nullopt when unset (an empty value counts as set).
+std::optional<std::string> env(const char* name);
+
+// DATABASE_URL; throws Failure explaining how to provide it when unset or empty. Suites
+// that need PostgreSQL fail (never skip) without one: a skipped store test would let a
+// broken store pass CI.
+std::string database_url();
 
 // One statement parameter in PostgreSQL's text form; nullopt is SQL NULL.
 class SqlParam {
@@ -42,7 +52,7 @@ class Db {
  public:
   // A libpq URI or conninfo string (e.g. database_url()). Connects at once, with a 10 s
   // connect timeout unless the string sets one, and a 10 s statement_timeout; throws
-  // Failure naming the server's message when it cannot connect.
+  // Failure naming the server's message when it cannot connect. Notices are discarded.
   explicit Db(const std::string& conninfo);
   ~Db();
   Db(Db&&) noexcept;
@@ -68,4 +78,24 @@ class Db {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace idem::it
+// A database of a test's (or a test binary's) own on the same server, dropped on
+// destruction. The shared test database collects rows from every suite; counters that
+// sample the whole table, schema states (unmigrated, behind) and suites that run at once
+// are only exact in a database nobody else touches.
+class ScratchDatabase {
+ public:
+  // The name is `prefix`, '_' and random hex: unique, and a valid unquoted identifier.
+  explicit ScratchDatabase(std::string_view prefix = "idem_scratch");
+  ~ScratchDatabase();
+  ScratchDatabase(const ScratchDatabase&) = delete;
+  ScratchDatabase& operator=(const ScratchDatabase&) = delete;
+
+  const std::string& name() const { return name_; }
+  // DATABASE_URL pointed at this database (a URI stays a URI, conninfo stays conninfo).
+  std::string url() const;
+
+ private:
+  std::string name_;
+};
+
+}  // namespace idem::test

@@ -1,8 +1,9 @@
 #pragma once
-// Deadlines for end-to-end tests. Nothing in the harness sleeps "long enough": a test
-// either waits for an observable condition with a deadline, or fails naming what it was
-// waiting for. Failures are exceptions (idem::it::Failure), which doctest reports with
-// their message, and which also work from helper threads (see concurrently.hpp).
+// Deadlines for tests (unit and end-to-end). Nothing in the test support sleeps "long
+// enough": a test either waits for an observable condition with a deadline, or fails
+// naming what it was waiting for. Failures are exceptions (idem::test::Failure), which
+// doctest reports with their message, and which also work from helper threads
+// (integration/support/concurrently.hpp).
 #include <chrono>
 #include <functional>
 #include <source_location>
@@ -10,7 +11,7 @@
 #include <string>
 #include <string_view>
 
-namespace idem::it {
+namespace idem::test {
 
 using namespace std::chrono_literals;
 using Millis = std::chrono::milliseconds;
@@ -48,4 +49,4 @@ class Deadline {
   std::chrono::steady_clock::time_point end_;
 };
 
-}  // namespace idem::it
+}  // namespace idem::test
