@@ -18,6 +18,7 @@
 #include "admin/admin.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
+#include "test_support/problem.hpp"
 
 namespace {
 
@@ -141,9 +142,7 @@ boost::json::object body_json(const server::Response& res) {
   return boost::json::parse(res.body()).as_object();
 }
 
-std::string problem_code(const server::Response& res) {
-  return std::string(body_json(res).at("code").as_string());
-}
+using test::problem_code;
 
 }  // namespace
 
