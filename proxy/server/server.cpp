@@ -311,6 +311,13 @@ class Session {
   enum class Deadline { read, write };
 
   asio::awaitable<void> serve();
+  asio::awaitable<bool> wait_for_request(const settings::Limits& limits);
+  asio::awaitable<bool> read_head(http_parse::MessageParser<true>& parser,
+                                  const settings::Limits& limits, RequestContext& ctx);
+  asio::awaitable<bool> read_body(http_parse::MessageParser<true>& parser,
+                                  const settings::Limits& limits, const RequestContext& ctx);
+  asio::awaitable<bool> respond(Request& req, const RequestContext& ctx,
+                                const settings::Limits& limits);
   asio::awaitable<Response> call_handler(Request& req, const RequestContext& ctx);
   asio::awaitable<bool> write(Response& res, Millis timeout);
   asio::awaitable<void> refuse(http::status status, std::string_view code, std::string_view title,
@@ -571,147 +578,164 @@ asio::awaitable<Response> Session::call_handler(Request& req, const RequestConte
                          req.version(), req.keep_alive());
 }
 
-// One request after another, as its phases in order (idle wait, header, framing and head
-// rules, body, handler, response): kept in one coroutine so that each phase's deadline and
-// refusal stand next to the read they guard.
+// One request after another, as its phases in order: the idle wait, the head (header,
+// framing and head rules), the body, then the handler and the response. Each phase arms
+// its own deadline next to the read it guards and answers its own refusals; a phase that
+// returns false has ended the connection (refused, or the client went away).
 asio::awaitable<void> Session::serve() {
   for (;;) {
     // Read per request so a reload applies to the next request on open connections too.
     const settings::Limits limits = owner_->limits();
-
-    // 1. Wait for the first bytes of the next request under the idle timeout. Pipelined
-    //    bytes already buffered count as "arrived". This is a read, not a wait for
-    //    readability: Asio re-arms epoll (an epoll_ctl) for every readiness wait, while a
-    //    read that follows a read which drained the socket goes straight to the next
-    //    readiness event, so reading saves a system call per request. The cost is a
-    //    small buffer held by each idle keep-alive connection; it is capped here so a
-    //    connection that once carried a large request does not keep that memory.
-    if (buffer_.size() == 0) {
-      if (close_requested_) break;
-      if (buffer_.capacity() > kIdleBufferCap) buffer_.shrink_to_fit();
-      idle_ = true;
-      arm(limits.idle_timeout, Deadline::read);
-      auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kIdleReadSize), use_tuple);
-      disarm();
-      idle_ = false;
-      buffer_.commit(n);
-      // Nothing had started: an idle timeout or shutdown ends silently, and so does a
-      // client that closed (EOF) between requests.
-      if (ec || timed_out() || close_requested_) break;
-    }
+    if (!co_await wait_for_request(limits)) break;
 
     RequestContext ctx{peer_, SteadyClock::now(), id_, peer_address_};
-
-    // 2. The header, under the header timeout and size limit. The body limit is lifted
-    //    here: Beast would otherwise report an oversized Content-Length before we had a
-    //    chance to refuse ambiguous framing, and the contract ranks 400 above 413.
-    //    Chunk extensions and trailer fields share a budget of max_header_bytes, and
-    //    trailer fields never join the header (common/message_parser.hpp).
+    // Chunk extensions and trailer fields share a budget of max_header_bytes, and trailer
+    // fields never join the header (common/message_parser.hpp).
     http_parse::MessageParser<true> parser(limits.max_header_bytes);
-    parser.header_limit(clamp_u32(limits.max_header_bytes));
-    parser.body_limit(boost::none);
-    arm(limits.header_timeout, Deadline::read);
-    auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
-    disarm();
-    if (timed_out()) {
-      co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
-                      "the request header was not received in time", 11, ctx,
-                      limits.body_timeout);
-      co_return;
-    }
-    if (hec == http::error::header_limit) {
-      co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
-                      "Request Header Fields Too Large",
-                      "the request header exceeds " + std::to_string(limits.max_header_bytes) +
-                          " bytes",
-                      11, ctx, limits.body_timeout);
-      co_return;
-    }
-    if (hec) {
-      if (is_malformed(hec)) {
-        co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                        "malformed request header", 11, ctx, limits.body_timeout);
-      } else {
-        close_now();  // the client went away mid-header
-      }
-      co_return;
-    }
-    ctx.received_at = SteadyClock::now();
-    const unsigned version = parser.get().version();
+    if (!co_await read_head(parser, limits, ctx)) break;
+    if (!co_await read_body(parser, limits, ctx)) break;
 
-    // 3. Framing, decided on the header alone, before any body byte is consumed.
-    const FramingCheck framing = inspect_framing(parser.get());
-    if (framing.framing == BodyFraming::invalid) {
-      co_await refuse(http::status::bad_request, "bad_request", "Bad Request", framing.problem,
-                      version, ctx, limits.body_timeout);
-      co_return;
-    }
-    // Host rules, the one target normalization and the combined Connection field: from
-    // here on every reader of the header sees the same request (server/request_head.hpp).
-    if (const HeadCheck head = prepare_request_head(parser.get(), owner_->options().normalize_target);
-        !head.ok) {
-      co_await refuse(http::status::bad_request, "bad_request", "Bad Request", head.problem,
-                      version, ctx, limits.body_timeout);
-      co_return;
-    }
-    if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
-      co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
-                      "the request body exceeds " + std::to_string(limits.max_request_body) +
-                          " bytes",
-                      version, ctx, limits.body_timeout);
-      co_return;
-    }
-
-    // 4. The body, under the body timeout and size limit.
-    if (!parser.is_done()) {
-      if (version >= 11 && expects_continue(parser.get())) {
-        // The client is waiting for our go-ahead before uploading (curl does this above
-        // 1 KiB); without it the exchange stalls for the client's own expect timeout.
-        http::response<http::empty_body> go_ahead{http::status::continue_, 11};
-        arm(limits.body_timeout, Deadline::write);
-        auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
-        disarm();
-        if (cec || timed_out()) break;
-      }
-      parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
-      // Beast's parser waits for a whole chunk line, and for the whole trailer section,
-      // before it looks at them; an extension or a trailer field that never ends would
-      // otherwise grow the buffer until the body timeout. Capped, the read fails with
-      // buffer_overflow instead. Body bytes are consumed as they arrive, so only such
-      // unfinished metadata ever fills it; bytes already buffered (pipelined) may exceed
-      // the cap, they are parsed before anything more is read.
-      buffer_.max_size(std::max(buffer_.size(), limits.max_header_bytes + kChunkLineSlack));
-      arm(limits.body_timeout, Deadline::read);
-      auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
-      disarm();
-      buffer_.max_size(kUnbounded);
-      if (timed_out() || bec) {
-        auto overflow = parser.overflow();
-        if (bec == http::error::buffer_overflow) {
-          const auto pending = buffer_.cdata();
-          overflow = http_parse::pending_overflow(
-              std::string_view(static_cast<const char*>(pending.data()), pending.size()));
-        }
-        co_await refuse_body(bec, overflow, limits, version, ctx);
-        co_return;
-      }
-    }
-
-    // 5. The handler, then the response.
     Request req = parser.release();
-    Response res = co_await call_handler(req, ctx);
-    const bool keep_alive = req.keep_alive() && !asks_to_close(res) && !owner_->draining() &&
-                            !close_requested_;
-    frame_response(res, req.method());
-    res.version(version);
-    res.keep_alive(keep_alive);
-    if (!co_await write(res, limits.body_timeout)) break;
-    if (!keep_alive) {
-      co_await lingering_close();
-      co_return;
-    }
+    if (!co_await respond(req, ctx, limits)) break;
   }
   close_now();
+}
+
+// 1. Wait for the first bytes of the next request under the idle timeout. Pipelined bytes
+//    already buffered count as "arrived". This is a read, not a wait for readability: Asio
+//    re-arms epoll (an epoll_ctl) for every readiness wait, while a read that follows a
+//    read which drained the socket goes straight to the next readiness event, so reading
+//    saves a system call per request. The cost is a small buffer held by each idle
+//    keep-alive connection; it is capped here so a connection that once carried a large
+//    request does not keep that memory.
+asio::awaitable<bool> Session::wait_for_request(const settings::Limits& limits) {
+  if (buffer_.size() != 0) co_return true;
+  if (close_requested_) co_return false;
+  if (buffer_.capacity() > kIdleBufferCap) buffer_.shrink_to_fit();
+  idle_ = true;
+  arm(limits.idle_timeout, Deadline::read);
+  auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kIdleReadSize), use_tuple);
+  disarm();
+  idle_ = false;
+  buffer_.commit(n);
+  // Nothing had started: an idle timeout or shutdown ends silently, and so does a client
+  // that closed (EOF) between requests.
+  co_return !(ec || timed_out() || close_requested_);
+}
+
+// 2. The header, under the header timeout and size limit. The body limit is lifted here:
+//    Beast would otherwise report an oversized Content-Length before we had a chance to
+//    refuse ambiguous framing, and the contract ranks 400 above 413.
+// 3. Framing, decided on the header alone, before any body byte is consumed; then the
+//    head rules.
+asio::awaitable<bool> Session::read_head(http_parse::MessageParser<true>& parser,
+                                         const settings::Limits& limits, RequestContext& ctx) {
+  parser.header_limit(clamp_u32(limits.max_header_bytes));
+  parser.body_limit(boost::none);
+  arm(limits.header_timeout, Deadline::read);
+  auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
+  disarm();
+  if (timed_out()) {
+    co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                    "the request header was not received in time", 11, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (hec == http::error::header_limit) {
+    co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                    "Request Header Fields Too Large",
+                    "the request header exceeds " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    11, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (hec) {
+    if (is_malformed(hec)) {
+      co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                      "malformed request header", 11, ctx, limits.body_timeout);
+    }
+    co_return false;  // refused, or the client went away mid-header
+  }
+  ctx.received_at = SteadyClock::now();
+  const unsigned version = parser.get().version();
+
+  const FramingCheck framing = inspect_framing(parser.get());
+  if (framing.framing == BodyFraming::invalid) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request", framing.problem,
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  // Host rules, the one target normalization and the combined Connection field: from here
+  // on every reader of the header sees the same request (server/request_head.hpp).
+  if (const HeadCheck head = prepare_request_head(parser.get(), owner_->options().normalize_target);
+      !head.ok) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request", head.problem,
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
+    co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                    "the request body exceeds " + std::to_string(limits.max_request_body) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  co_return true;
+}
+
+// 4. The body, under the body timeout and size limit.
+asio::awaitable<bool> Session::read_body(http_parse::MessageParser<true>& parser,
+                                         const settings::Limits& limits,
+                                         const RequestContext& ctx) {
+  if (parser.is_done()) co_return true;
+  const unsigned version = parser.get().version();
+  if (version >= 11 && expects_continue(parser.get())) {
+    // The client is waiting for our go-ahead before uploading (curl does this above
+    // 1 KiB); without it the exchange stalls for the client's own expect timeout.
+    http::response<http::empty_body> go_ahead{http::status::continue_, 11};
+    arm(limits.body_timeout, Deadline::write);
+    auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
+    disarm();
+    if (cec || timed_out()) co_return false;
+  }
+  parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
+  // Beast's parser waits for a whole chunk line, and for the whole trailer section, before
+  // it looks at them; an extension or a trailer field that never ends would otherwise grow
+  // the buffer until the body timeout. Capped, the read fails with buffer_overflow
+  // instead. Body bytes are consumed as they arrive, so only such unfinished metadata ever
+  // fills it; bytes already buffered (pipelined) may exceed the cap, they are parsed
+  // before anything more is read.
+  buffer_.max_size(std::max(buffer_.size(), limits.max_header_bytes + kChunkLineSlack));
+  arm(limits.body_timeout, Deadline::read);
+  auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
+  disarm();
+  buffer_.max_size(kUnbounded);
+  if (!timed_out() && !bec) co_return true;
+  auto overflow = parser.overflow();
+  if (bec == http::error::buffer_overflow) {
+    const auto pending = buffer_.cdata();
+    overflow = http_parse::pending_overflow(
+        std::string_view(static_cast<const char*>(pending.data()), pending.size()));
+  }
+  co_await refuse_body(bec, overflow, limits, version, ctx);
+  co_return false;
+}
+
+// 5. The handler, then the response; true when the connection carries another request.
+asio::awaitable<bool> Session::respond(Request& req, const RequestContext& ctx,
+                                       const settings::Limits& limits) {
+  const unsigned version = req.version();
+  Response res = co_await call_handler(req, ctx);
+  const bool keep_alive = req.keep_alive() && !asks_to_close(res) && !owner_->draining() &&
+                          !close_requested_;
+  frame_response(res, req.method());
+  res.version(version);
+  res.keep_alive(keep_alive);
+  if (!co_await write(res, limits.body_timeout)) co_return false;
+  if (!keep_alive) {
+    co_await lingering_close();
+    co_return false;
+  }
+  co_return true;
 }
 
 }  // namespace detail

@@ -566,6 +566,9 @@ struct RouteLines {
   int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
 };
 
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r);
+
 RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings& tenant,
                           RouteLines& lines) {
   RouteSettings r;
@@ -580,8 +583,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   }
   lines.name = name.line;
   const auto method = m.required("method");
-  r.method = L.token(method, "HTTP method");
-  r.method = idem::text::uppercase(r.method);
+  r.method = idem::text::uppercase(L.token(method, "HTTP method"));
   const auto path = m.required("path");
   r.path = L.text(path);
   L.with_syntax(path, [&] { detail::check_route_path(r.path); });
@@ -633,7 +635,13 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   }
   // One record is one bytea read in one statement; PostgreSQL refuses values of 1GB.
   if (auto v = m.get("max_stored_body")) r.max_stored_body = L.size(*v, 0, 512 * MiB);
+  check_route(L, it, tenant, lines, r);
+  return r;
+}
 
+// The rules that tie a route's keys to each other and to the tenant settings.
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r) {
   if (r.retention < r.lease) {
     L.fail(lines.retention, it.path + ".retention",
            "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
@@ -645,7 +653,6 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     L.fail(lines.key_header, it.path + ".key.header",
            "the idempotency key header '" + r.key.header + "' is also the tenant or principal header");
   }
-  return r;
 }
 
 Settings parse_root(const Loader& L, const Item& root) {
