@@ -152,7 +152,7 @@ bool method_has_body_semantics(std::string_view method) {
 
 // ------------------------------------------------------------------------- HttpResponse
 
-std::optional<std::string> HttpResponse::header(std::string_view name) const {
+std::optional<std::string> header_value(const Headers& headers, std::string_view name) {
   for (const auto& [n, v] : headers) {
     if (iequals(n, name)) {
       return v;
@@ -161,7 +161,7 @@ std::optional<std::string> HttpResponse::header(std::string_view name) const {
   return std::nullopt;
 }
 
-std::vector<std::string> HttpResponse::headers_named(std::string_view name) const {
+std::vector<std::string> header_values(const Headers& headers, std::string_view name) {
   std::vector<std::string> out;
   for (const auto& [n, v] : headers) {
     if (iequals(n, name)) {

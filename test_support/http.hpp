@@ -24,6 +24,11 @@ namespace idem::test {
 
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
+// The first value of the field `name` (matched case-insensitively), or nullopt.
+std::optional<std::string> header_value(const Headers& headers, std::string_view name);
+// Every value of the field `name`, in order (Set-Cookie, repeated fields).
+std::vector<std::string> header_values(const Headers& headers, std::string_view name);
+
 struct HttpResponse {
   int status = 0;
   std::string reason;
@@ -38,9 +43,13 @@ struct HttpResponse {
   }
 
   // First value of the header, matched case-insensitively.
-  std::optional<std::string> header(std::string_view name) const;
+  std::optional<std::string> header(std::string_view name) const {
+    return header_value(headers, name);
+  }
   // Every value of the header, in order (Set-Cookie, repeated fields).
-  std::vector<std::string> headers_named(std::string_view name) const;
+  std::vector<std::string> headers_named(std::string_view name) const {
+    return header_values(headers, name);
+  }
   bool has_header(std::string_view name) const { return header(name).has_value(); }
 };
 

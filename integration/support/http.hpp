@@ -7,6 +7,8 @@ namespace idem::it {
 
 using test::connect_errno;
 using test::free_port;
+using test::header_value;
+using test::header_values;
 using test::Headers;
 using test::HttpClient;
 using test::HttpResponse;
