@@ -16,6 +16,7 @@
 #include <boost/json/parse.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/text.hpp"
 #include "order_request.hpp"
 
 namespace idem::demo {
@@ -245,18 +246,10 @@ Response unavailable(const Request& req, pg::Pool& pool, const error_code& ec) {
   return res;
 }
 
-bool is_lower_hex(std::string_view s) {
-  for (const char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
 // "application/json", in any case, with or without parameters such as charset.
 bool is_json(std::string_view content_type) {
-  std::string_view type = content_type.substr(0, content_type.find(';'));
-  while (!type.empty() && (type.back() == ' ' || type.back() == '\t')) type.remove_suffix(1);
-  return beast::iequals(type, "application/json");
+  const std::string_view type = text::trim_ows(content_type.substr(0, content_type.find(';')));
+  return text::iequals(type, "application/json");
 }
 
 std::string short_id(const std::optional<std::string>& id) {
@@ -279,7 +272,7 @@ std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiO
   if (const auto op = single_header(req, "X-Idempotency-Operation-Id", &repeated)) {
     const auto attempt_text = single_header(req, "X-Idempotency-Attempt");
     const std::int64_t attempt = attempt_text ? parse_int(*attempt_text).value_or(0) : 0;
-    if (repeated || op->size() != 64 || !is_lower_hex(*op) || attempt < 1) {
+    if (repeated || op->size() != 64 || !text::is_lower_hex(*op) || attempt < 1) {
       return problem(req, http::status::bad_request, "invalid_request",
                      "Invalid idempotency headers",
                      "X-Idempotency-Operation-Id must be 64 lowercase hex characters and "

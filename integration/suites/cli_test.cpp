@@ -59,7 +59,7 @@ TEST_CASE("invalid configuration exits 2 naming the file, line and key") {
 }
 
 TEST_CASE("migrate applies the embedded migrations once and records their checksums") {
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   const auto db_url = fresh.url();
 
   TempDir dir("cli");
@@ -80,7 +80,7 @@ TEST_CASE("migrate applies the embedded migrations once and records their checks
 }
 
 TEST_CASE("serve refuses a schema that is behind unless migrate: auto") {
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   const auto db_url = fresh.url();
 
   TempDir dir("cli");

@@ -199,7 +199,7 @@ TEST_CASE("replay cache: without its listening session it empties and every retr
 
 TEST_CASE("replay cache: without the change trigger it never serves, and starts once the trigger is back") {
   TestBackend backend;
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   Db db(fresh.url());
   // The schema first, then the trigger switched off, as a schema behind migration 0002 or
   // an operator's ALTER TABLE would leave it: deletions would go unannounced.

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "common.hpp"
+#include "common/text.hpp"
 
 namespace idem::it::security {
 
@@ -14,15 +15,8 @@ using namespace idem::it::suite;
 
 inline const std::string kOrder = R"({"customer_id":"c-1","currency":"EUR","amount":1000})";
 
-inline std::string hex(std::string_view bytes) {
-  static const char* digits = "0123456789abcdef";
-  std::string out;
-  for (const unsigned char c : bytes) {
-    out += digits[c >> 4];
-    out += digits[c & 15];
-  }
-  return out;
-}
+// The test backend's X-Test-*-Hex headers carry bytes as hex.
+inline std::string hex(std::string_view bytes) { return text::to_hex(bytes); }
 
 // A sidecar with the principal check on and short body and header timeouts, in front of a
 // test backend; one tenant and one db connection per test.

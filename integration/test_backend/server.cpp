@@ -29,6 +29,8 @@
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "common/text.hpp"
+
 namespace idem::test_backend {
 
 namespace asio = boost::asio;
@@ -82,27 +84,7 @@ Response text_response(const Request& req, http::status status, std::string body
   return res;
 }
 
-std::optional<std::string> from_hex(std::string_view hex) {
-  if (hex.size() % 2 != 0) {
-    return std::nullopt;
-  }
-  auto digit = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  std::string out;
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = digit(hex[i]);
-    const int lo = digit(hex[i + 1]);
-    if (hi < 0 || lo < 0) {
-      return std::nullopt;
-    }
-    out.push_back(static_cast<char>(hi << 4 | lo));
-  }
-  return out;
-}
+using text::from_hex;
 
 // X-Test-Header-Hex: each value is the hex of "Name: value" (any bytes, so a test can send
 // what a client could not put in a request header); those names replace the backend's own.

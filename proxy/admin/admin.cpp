@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/text.hpp"
 #include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 
@@ -125,22 +126,14 @@ std::string peer_text(const server::RequestContext& ctx) {
 namespace detail {
 
 std::optional<std::string> percent_decode(std::string_view segment) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
   std::string out;
   out.reserve(segment.size());
   for (std::size_t i = 0; i < segment.size(); ++i) {
     char c = segment[i];
     if (c == '%') {
-      if (i + 2 >= segment.size()) return std::nullopt;
-      const int hi = hex(segment[i + 1]);
-      const int lo = hex(segment[i + 2]);
-      if (hi < 0 || lo < 0) return std::nullopt;
-      c = static_cast<char>(hi * 16 + lo);
+      const int byte = text::percent_byte(segment, i);
+      if (byte < 0) return std::nullopt;
+      c = static_cast<char>(byte);
       i += 2;
     }
     if (c == '\0') return std::nullopt;

@@ -31,12 +31,6 @@ double seconds_since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-std::string_view trim(std::string_view v) {
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  return v;
-}
-
 // Tenants arrive from a trusted authenticating layer; anything but one short token of
 // visible ASCII is a misconfiguration in front of us and must not scope a record.
 bool valid_tenant(std::string_view t) {
@@ -457,14 +451,14 @@ idempotency::RowView view_of(const store::Record& r) {
 // visible ASCII is a misconfiguration in front of us and must not scope a record.
 std::optional<server::Response> admit_tenant(Gateway::Exchange& x) {
   const auto tenants = field_values(x.request.base(), x.runtime->settings().tenant.header);
-  if (tenants.size() != 1 || !valid_tenant(trim(tenants.front()))) {
+  if (tenants.size() != 1 || !valid_tenant(text::trim_ows(tenants.front()))) {
     x.code = "tenant_missing";
     return problem(x, http::status::unauthorized, x.code, "Tenant missing",
                    tenants.empty() ? "the tenant header is missing"
                                    : "the tenant header must be one value of 1-255 visible "
                                      "ASCII characters");
   }
-  x.tenant = std::string(trim(tenants.front()));
+  x.tenant = std::string(text::trim_ows(tenants.front()));
   return std::nullopt;
 }
 
@@ -547,7 +541,7 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
     // Only a hash is stored: the record must not become a directory of user ids.
     x.principal = idempotency::sha256_hex(
         "idemproxy-principal\n" +
-        std::string(values.empty() ? std::string_view() : trim(values.front())));
+        std::string(values.empty() ? std::string_view() : text::trim_ows(values.front())));
   }
   x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
                                 x.principal, rs.lease, rs.retention};
@@ -734,7 +728,7 @@ idempotency::BackendRecord Gateway::backend_record(Exchange& x) {
   if (auto it = res.find(http::field::location); it != res.end()) location = it->value();
   const auto digest = idempotency::answer_digest(static_cast<int>(res.result_int()),
                                                  resource_id_from_location(location), res.body());
-  if (values.size() == 1 && trim(values.front()) == digest) {
+  if (values.size() == 1 && text::trim_ows(values.front()) == digest) {
     deps_.metrics->backend_completion("confirmed");
     return idempotency::BackendRecord::confirmed;
   }

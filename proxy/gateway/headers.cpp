@@ -1,28 +1,13 @@
 #include "gateway/headers.hpp"
 
-#include <cctype>
-
 #include "common/time_text.hpp"
 
 namespace idem::gateway {
 namespace {
 
-char cgi_fold(char c) noexcept {
-  if (c == '_') return '-';
-  return static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-}
+char cgi_fold(char c) noexcept { return c == '_' ? '-' : text::ascii_lower(c); }
 
 }  // namespace
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i])))
-      return false;
-  }
-  return true;
-}
 
 bool same_name_for_cgi(std::string_view a, std::string_view b) noexcept {
   if (a.size() != b.size()) return false;
@@ -49,10 +34,7 @@ std::vector<std::string_view> connection_tokens(const boost::beast::http::fields
       auto comma = value.find(',', pos);
       auto token = value.substr(pos, comma == std::string_view::npos ? std::string_view::npos
                                                                      : comma - pos);
-      while (!token.empty() && (token.front() == ' ' || token.front() == '\t'))
-        token.remove_prefix(1);
-      while (!token.empty() && (token.back() == ' ' || token.back() == '\t'))
-        token.remove_suffix(1);
+      token = text::trim_ows(token);
       if (!token.empty()) out.push_back(token);
       if (comma == std::string_view::npos) break;
       pos = comma + 1;
@@ -102,7 +84,6 @@ TargetParts split_target(std::string_view target) noexcept {
 }
 
 std::string resource_id_from_location(std::string_view location) {
-  static constexpr char hex[] = "0123456789ABCDEF";
   std::string out;
   out.reserve(location.size());
   for (const char ch : location) {
@@ -110,9 +91,7 @@ std::string resource_id_from_location(std::string_view location) {
     if (c > 0x20 && c < 0x7f) {
       out.push_back(ch);
     } else {
-      out.push_back('%');
-      out.push_back(hex[c >> 4]);
-      out.push_back(hex[c & 0x0f]);
+      text::append_percent_encoded(out, c);
     }
   }
   return out;

@@ -8,6 +8,7 @@
 
 #include <boost/beast/http/fields.hpp>
 
+#include "common/text.hpp"
 #include "store/record.hpp"
 
 namespace idem::gateway {
@@ -63,7 +64,8 @@ std::vector<std::string_view> connection_tokens(const boost::beast::http::fields
 std::vector<std::string_view> field_values(const boost::beast::http::fields& fields,
                                            std::string_view name);
 
-bool iequals(std::string_view a, std::string_view b) noexcept;
+// Case-insensitive ASCII comparison (common/text.hpp), as field names compare.
+using text::iequals;
 
 // Whether two field names are the same once '_' reads as '-' (case-insensitively), as CGI,
 // WSGI and Rack backends read them: both X-Tenant-Id and X_Tenant_Id become HTTP_X_TENANT_ID.

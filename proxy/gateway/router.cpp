@@ -28,13 +28,6 @@ bool is_placeholder(std::string_view seg) {
 
 constexpr std::string_view kAnySegment = "{}";
 
-int hex_value(char c) noexcept {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 void add_decided(std::vector<std::string>& out, const std::string& name) {
   if (name.empty()) return;
   for (const auto& have : out) {
@@ -50,12 +43,12 @@ std::vector<std::string> loose_segments(std::string_view path) {
   text.reserve(path.size());
   for (std::size_t i = 0; i < path.size(); ++i) {
     char c = path[i];
-    if (c == '%' && i + 2 < path.size() && hex_value(path[i + 1]) >= 0 && hex_value(path[i + 2]) >= 0) {
-      c = static_cast<char>(hex_value(path[i + 1]) << 4 | hex_value(path[i + 2]));
+    if (const int byte = idem::text::percent_byte(path, i); byte >= 0) {
+      c = static_cast<char>(byte);
       i += 2;
     }
     if (c == '\\') c = '/';
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    c = idem::text::ascii_lower(c);
     text.push_back(c);
   }
   std::vector<std::string> out;

@@ -1,15 +1,12 @@
 #include "server/target.hpp"
 
+#include "common/text.hpp"
+
 namespace idem::server {
 namespace {
 
-constexpr char kUpperHex[] = "0123456789ABCDEF";
-
 // RFC 3986 §2.3.
-constexpr bool is_unreserved(unsigned char c) noexcept {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-         c == '.' || c == '_' || c == '~';
-}
+constexpr bool is_unreserved(unsigned char c) noexcept { return text::is_unreserved(static_cast<char>(c)); }
 
 // RFC 3986 §2.2.
 constexpr bool is_sub_delim(unsigned char c) noexcept {
@@ -31,22 +28,8 @@ constexpr bool is_path_char(unsigned char c) noexcept {
 // '|', '{' or '"' unencoded there; any visible ASCII but '#' is accepted as it is.
 constexpr bool is_query_char(unsigned char c) noexcept { return c > 0x20 && c < 0x7f && c != '#'; }
 
-int hex_value(char c) noexcept {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-char ascii_lower(char c) noexcept { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (ascii_lower(a[i]) != ascii_lower(b[i])) return false;
-  }
-  return true;
-}
+using text::ascii_lower;
+using text::iequals;
 
 NormalizedTarget refuse(std::string_view why) {
   NormalizedTarget out;
@@ -60,18 +43,14 @@ std::string_view append_normalized(std::string& out, std::string_view in, bool i
   for (std::size_t i = 0; i < in.size(); ++i) {
     const auto c = static_cast<unsigned char>(in[i]);
     if (c == '%') {
-      if (i + 2 >= in.size()) return "malformed percent-encoding";
-      const int hi = hex_value(in[i + 1]);
-      const int lo = hex_value(in[i + 2]);
-      if (hi < 0 || lo < 0) return "malformed percent-encoding";
-      const auto decoded = static_cast<unsigned char>((hi << 4) | lo);
+      const int byte = text::percent_byte(in, i);
+      if (byte < 0) return "malformed percent-encoding";
+      const auto decoded = static_cast<unsigned char>(byte);
       if (is_path && decoded == 0) return "a percent-encoded NUL in the path";
       if (is_unreserved(decoded)) {
         out.push_back(static_cast<char>(decoded));
       } else {
-        out.push_back('%');
-        out.push_back(kUpperHex[decoded >> 4]);
-        out.push_back(kUpperHex[decoded & 0x0f]);
+        text::append_percent_encoded(out, decoded);
       }
       i += 2;
       continue;
@@ -113,8 +92,7 @@ bool valid_reg_name(std::string_view host) noexcept {
   for (std::size_t i = 0; i < host.size(); ++i) {
     const auto c = static_cast<unsigned char>(host[i]);
     if (c == '%') {
-      if (i + 2 >= host.size()) return false;
-      if (hex_value(host[i + 1]) < 0 || hex_value(host[i + 2]) < 0) return false;
+      if (text::percent_byte(host, i) < 0) return false;
       i += 2;
       continue;
     }

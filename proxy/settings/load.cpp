@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -58,12 +59,6 @@ std::string child_path(const std::string& parent, std::string_view key) {
   return is_identifier_key(key) ? parent + "." + k : parent + "[" + k + "]";
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 // Edit distance, to suggest "connect_timeout" for "conect_timeout".
 std::size_t distance(std::string_view a, std::string_view b) {
@@ -207,7 +202,7 @@ class Loader {
     std::set<std::string> seen;
     for (const auto& h : list(it)) {
       auto name = token(h, "header name");
-      if (!seen.insert(lower(name)).second) fail(h, "header '" + name + "' is listed twice");
+      if (!seen.insert(idem::text::lowercase(name)).second) fail(h, "header '" + name + "' is listed twice");
       out.push_back(std::move(name));
     }
     return out;
@@ -558,7 +553,7 @@ bool is_framing_header(std::string_view name) {
       "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
       "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body",
       "x-idempotency-recorded", "x-idempotency-directive"};
-  return kNames.count(lower(name)) != 0;
+  return kNames.count(idem::text::lowercase(name)) != 0;
 }
 
 bool is_route_name(std::string_view s) {
@@ -571,6 +566,9 @@ bool is_route_name(std::string_view s) {
 struct RouteLines {
   int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
 };
+
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r);
 
 RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings& tenant,
                           RouteLines& lines) {
@@ -586,9 +584,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   }
   lines.name = name.line;
   const auto method = m.required("method");
-  r.method = L.token(method, "HTTP method");
-  std::transform(r.method.begin(), r.method.end(), r.method.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  r.method = idem::text::uppercase(L.token(method, "HTTP method"));
   const auto path = m.required("path");
   r.path = L.text(path);
   L.with_syntax(path, [&] { detail::check_route_path(r.path); });
@@ -646,19 +642,24 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     r.completion = L.choice<Completion>(
         *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
   }
+  check_route(L, it, tenant, lines, r);
+  return r;
+}
 
+// The rules that tie a route's keys to each other and to the tenant settings.
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r) {
   if (r.retention < r.lease) {
     L.fail(lines.retention, it.path + ".retention",
            "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
                detail::format_duration(r.lease) + "): a record must outlive its claim");
   }
-  const auto key_header = lower(r.key.header);
-  if (key_header == lower(tenant.header) ||
-      (!tenant.principal_header.empty() && key_header == lower(tenant.principal_header))) {
+  const auto key_header = idem::text::lowercase(r.key.header);
+  if (key_header == idem::text::lowercase(tenant.header) ||
+      (!tenant.principal_header.empty() && key_header == idem::text::lowercase(tenant.principal_header))) {
     L.fail(lines.key_header, it.path + ".key.header",
            "the idempotency key header '" + r.key.header + "' is also the tenant or principal header");
   }
-  return r;
 }
 
 Settings parse_root(const Loader& L, const Item& root) {

@@ -173,13 +173,20 @@ asio::awaitable<result<Completion>> MemoryStore::complete(const RecordId& id, st
   co_return Completion::recorded;
 }
 
+// The row of `id` while the holder of `fence` owns it (in progress, same fencing token);
+// rows_.end() otherwise. The caller holds the mutex.
+MemoryStore::Rows::iterator MemoryStore::find_owned(const RecordId& id, std::int64_t fence) {
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) return it;
+  const Row& row = *it->second;
+  return row.state == State::in_progress && row.fence == fence ? it : rows_.end();
+}
+
 asio::awaitable<result<bool>> MemoryStore::release(const RecordId& id, std::int64_t fence) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
-  const Row& row = *it->second;
-  if (row.state != State::in_progress || row.fence != fence) co_return false;
   rows_.erase(it);
   co_return true;
 }
@@ -188,10 +195,9 @@ asio::awaitable<result<bool>> MemoryStore::renew(const RecordId& id, std::int64_
                                                  Millis lease) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
   Row& row = *it->second;
-  if (row.state != State::in_progress || row.fence != fence) co_return false;
   const auto now = now_();
   row.lease_expires_at = now + lease;
   row.expires_at = std::max(row.expires_at, now + lease);
@@ -202,11 +208,9 @@ asio::awaitable<result<bool>> MemoryStore::expire_lease(const RecordId& id,
                                                         std::int64_t fence) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
-  Row& row = *it->second;
-  if (row.state != State::in_progress || row.fence != fence) co_return false;
-  row.lease_expires_at = now_();
+  it->second->lease_expires_at = now_();
   co_return true;
 }
 

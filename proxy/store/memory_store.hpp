@@ -44,9 +44,11 @@ class MemoryStore final : public Store {
  private:
   struct Row;
   using Key = std::tuple<std::string, std::string, std::string>;
+  using Rows = std::map<Key, std::shared_ptr<Row>>;
+  Rows::iterator find_owned(const RecordId& id, std::int64_t fence);
   Now now_;
   mutable std::mutex mutex_;
-  std::map<Key, std::shared_ptr<Row>> rows_;
+  Rows rows_;
   // The counterpart of the idempotency_fencing_tokens sequence: one counter for every key,
   // never reset, so a token is never handed out twice.
   std::int64_t last_fence_ = 0;

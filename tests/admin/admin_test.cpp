@@ -19,6 +19,7 @@
 #include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
+#include "test_support/problem.hpp"
 
 namespace {
 
@@ -142,9 +143,7 @@ boost::json::object body_json(const server::Response& res) {
   return boost::json::parse(res.body()).as_object();
 }
 
-std::string problem_code(const server::Response& res) {
-  return std::string(body_json(res).at("code").as_string());
-}
+using test::problem_code;
 
 }  // namespace
 

@@ -23,6 +23,7 @@
 #include "idempotency/backend_completion.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
+#include "test_support/problem.hpp"
 
 namespace {
 
@@ -312,13 +313,7 @@ struct Fixture {
   std::unique_ptr<gateway::Gateway> gw;
 };
 
-std::string problem_code(const server::Response& res) {
-  const auto& b = res.body();
-  const auto at = b.find("\"code\":\"");
-  if (at == std::string::npos) return {};
-  const auto start = at + 8;
-  return b.substr(start, b.find('"', start) - start);
-}
+using test::problem_code;
 
 
 }  // namespace

@@ -526,7 +526,7 @@ TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token s
   CHECK(rec->expires_at_us - rec->created_at_us == us(2h));
   if constexpr (is_pg<H>) {
     // Nothing of the old answer survives in the row itself.
-    auto cols = h.sql().rows(
+    auto cols = h.sql().query(
         "SELECT response_status IS NULL, response_headers IS NULL, response_body IS NULL,"
         " resource_id IS NULL, response_body_omitted, completed_at IS NULL"
         " FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2"

@@ -28,8 +28,8 @@ std::string ref(const store::ClaimRequest& req, std::int64_t fence) {
 }
 
 // The SQLSTATE of the last error (libpq's own text is not what callers decide on).
-std::string sqlstate_of(test::Sql& sql, const std::string& statement,
-                        const std::vector<std::string>& params) {
+std::string sqlstate_of(test::Db& sql, const std::string& statement,
+                        const test::SqlParams& params) {
   try {
     sql.exec(statement, params);
   } catch (const test::SqlError& e) {
@@ -39,7 +39,7 @@ std::string sqlstate_of(test::Sql& sql, const std::string& statement,
 }
 
 // A table standing in for a backend's own orders, in the same database.
-void create_orders(test::Sql& sql) {
+void create_orders(test::Db& sql) {
   sql.exec("CREATE TABLE IF NOT EXISTS backend_orders (tenant text, key text, note text)");
   sql.exec("TRUNCATE backend_orders");
 }
@@ -56,7 +56,7 @@ TEST_CASE("backend completion: the reference and the digest are the same in C++ 
     const std::string resource = i % 3 == 0 ? "" : "/orders/" + std::to_string(i);
     const int status = 200 + i;
     const auto r = idempotency::record_reference(1000 + i, Millis{86'400'000}, "POST /o/{id}", key);
-    const auto parsed = h.sql().rows(
+    const auto parsed = h.sql().query(
         "SELECT endpoint, idempotency_key, fencing_token::text, retention_ms::text"
         " FROM idemproxy_parse_record($1)",
         {r});
@@ -170,7 +170,7 @@ TEST_CASE("backend completion: ownership asserted holds the row until the transa
   const auto req = claim_req("locked");
   const auto won = h.run(h.store().claim(req)).value().owner;
   REQUIRE(h.run(h.store().expire_lease(req.id, won.fence)).value());  // a takeover is due
-  test::Sql backend(test::store_database().conninfo());
+  test::Db backend(test::store_database().url());
   backend.exec("BEGIN");
   backend.exec("SELECT idemproxy_assert_owner($1, $2)", {req.id.tenant, ref(req, won.fence)});
 

@@ -11,6 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <libpq-fe.h>
 #include <poll.h>
 
 #include "idempotency/fingerprint.hpp"
@@ -98,7 +99,7 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
   resp.body = std::string("{\"id\":1}\0\xff", 10);
   REQUIRE(h.run(s.complete(req.id, fence_of(h, req.id), resp, 1h)).value() == store::Completion::recorded);
 
-  auto row = h.sql().rows(
+  auto row = h.sql().query(
       "SELECT state, response_status, response_headers::text, encode(response_body, 'hex'),"
       " resource_id IS NULL, response_body_omitted, lease_expires_at IS NULL,"
       " expires_at - completed_at"
@@ -124,7 +125,7 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
   omitted.body_omitted = true;
   omitted.resource_id = "r-1";
   REQUIRE(h.run(s.complete(big.id, fence_of(h, big.id), omitted, 1h)).value() == store::Completion::recorded);
-  CHECK(h.sql().rows("SELECT response_body IS NULL, response_body_omitted, resource_id"
+  CHECK(h.sql().query("SELECT response_body IS NULL, response_body_omitted, resource_id"
                      " FROM idempotency_requests WHERE idempotency_key = 'omitted'")[0] ==
         test::Row{"t", "t", "r-1"});
 }
@@ -161,7 +162,7 @@ TEST_CASE("PgStore: a row lock held past statement_timeout is a store timeout") 
   auto pool = pg::Pool::create(ctx.get_executor(), opts);
   store::PgStore impatient(pool);
 
-  test::Sql locker(test::store_database().conninfo());
+  test::Db locker(test::store_database().url());
   locker.exec("BEGIN");
   locker.exec("SELECT 1 FROM idempotency_requests WHERE idempotency_key = 'locked' FOR UPDATE");
   const auto start = SteadyClock::now();
@@ -290,7 +291,7 @@ namespace {
 // A session of its own that LISTENs on the replay cache's channel (blocking libpq: a test).
 class ChangeListener {
  public:
-  ChangeListener() : conn_(PQconnectdb(test::store_database().conninfo().c_str())) {
+  ChangeListener() : conn_(PQconnectdb(test::store_database().url().c_str())) {
     REQUIRE(PQstatus(conn_) == CONNECTION_OK);
     PQclear(PQexec(conn_, "LISTEN idemproxy_records"));
   }
@@ -386,7 +387,7 @@ TEST_CASE("PgStore: the database computes the same operation id as the sidecar")
       {"a", "", "b"},
   };
   for (const auto& [tenant, endpoint, key] : cases) {
-    const auto rows = h.sql().rows("SELECT idemproxy_operation_id($1, $2, $3)", {tenant, endpoint, key});
+    const auto rows = h.sql().query("SELECT idemproxy_operation_id($1, $2, $3)", {tenant, endpoint, key});
     REQUIRE(rows.size() == 1);
     CHECK(rows[0][0] == idempotency::operation_id(tenant, endpoint, key));
   }
