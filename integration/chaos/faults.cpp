@@ -118,6 +118,7 @@ std::variant<FaultSet, std::string> parse_faults(std::string_view list) {
 
 std::string describe(const FaultSet& set) {
   if (set.kinds.empty()) return "none";
+  if (set.combos && set.kinds.size() == all_fault_kinds().size()) return "all";
   std::string out;
   for (const auto k : set.kinds) {
     if (!out.empty()) out += ",";
@@ -284,12 +285,13 @@ Step Schedule::next() {
     return step;
   }
   step.faults.push_back(make(pick(kinds_)));
-  if (set_.combos && rng_.chance(0.4)) {
+  const bool pause = step.faults[0].kind == FaultKind::pause;
+  if (set_.combos && rng_.chance(pause ? 0.7 : 0.4)) {
     // A paused owner and a backend that fails meanwhile is the combination that makes a
     // stale owner meet a newer claim of its key (released on the 5xx, claimed again):
-    // drawn on purpose half the time when both are selected.
+    // drawn on purpose more often than chance would when both are selected.
     std::vector<FaultKind> partners;
-    if (step.faults[0].kind == FaultKind::pause && rng_.chance(0.5)) {
+    if (pause && rng_.chance(0.6)) {
       std::copy_if(kinds_.begin(), kinds_.end(), std::back_inserter(partners), is_backend_failure);
     }
     if (partners.empty()) partners = kinds_;
