@@ -28,6 +28,7 @@
 
 #include "admin/admin.hpp"
 #include "gateway/gateway.hpp"
+#include "gateway/caching_store.hpp"
 #include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
@@ -201,6 +202,7 @@ struct Worker {
   WorkerContext ioc{1};
   std::shared_ptr<pg::Pool> pool;
   std::unique_ptr<store::PgStore> store;
+  std::unique_ptr<gateway::CachingStore> cached;  // the replay cache in front of `store`
   std::unique_ptr<upstream::Pool> upstream;
   std::unique_ptr<gateway::Gateway> gateway;
   std::unique_ptr<server::Server> server;
@@ -369,6 +371,7 @@ int run_serve(const std::string& path) {
       po.statements = store::pg_store_statements();
       w->pool = pg::Pool::create(w->ioc.get_executor(), std::move(po));
       w->store = std::make_unique<store::PgStore>(w->pool);
+      w->cached = std::make_unique<gateway::CachingStore>(*w->store, *replay_cache);
 
       upstream::PoolOptions uo;
       uo.host = cfg.upstream.host;
@@ -381,11 +384,10 @@ int run_serve(const std::string& path) {
       gateway::Dependencies deps;
       deps.executor = w->ioc.get_executor();
       deps.runtime = holder;
-      deps.store = w->store.get();
+      deps.store = w->cached.get();
       deps.upstream = w->upstream.get();
       deps.waiters = waiters.get();
       deps.metrics = metrics.get();
-      deps.replay_cache = replay_cache.get();
       w->gateway = std::make_unique<gateway::Gateway>(std::move(deps));
 
       auto* gw = w->gateway.get();
@@ -420,14 +422,11 @@ int run_serve(const std::string& path) {
   try {
     if (cfg.admin.listen) {
       admin::Dependencies ad;
-      ad.store = first.store.get();
+      ad.store = first.cached.get();
       ad.metrics = metrics.get();
       ad.readiness = admin::pg_readiness(first.pool, kAdminStoreDeadline);
       ad.token = [holder] { return holder->load()->settings().admin.token; };
       ad.store_deadline = kAdminStoreDeadline;
-      ad.on_purged = [cache = replay_cache.get()](const store::RecordId& id) {
-        cache->evict(idempotency::operation_id(id.tenant, id.endpoint, id.key));
-      };
       admin_handler = std::make_unique<admin::Handler>(std::move(ad));
       auto* ah = admin_handler.get();
       server::Handler handler = [ah](server::Request& req, const server::RequestContext& ctx) {

@@ -45,6 +45,7 @@ inline std::string problem_code(const HttpResponse& res) {
 struct RowState {
   std::string state;
   std::int64_t attempt = 0;
+  std::int64_t fence = 0;  // fencing_token
   std::optional<int> status;
   std::string body;
   std::string fingerprint;
@@ -62,7 +63,7 @@ inline std::optional<RowState> read_row(Db& db, const std::string& tenant, const
   auto rows = db.query(
       "SELECT state, attempt_token::text, response_status::text, "
       "coalesce(convert_from(response_body, 'UTF8'), ''), request_fingerprint, "
-      "coalesce(resource_id, ''), (lease_expires_at <= now())::text "
+      "coalesce(resource_id, ''), (lease_expires_at <= now())::text, fencing_token::text "
       "FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3",
       {tenant, scope, key});
   if (rows.empty()) return std::nullopt;
@@ -75,6 +76,7 @@ inline std::optional<RowState> read_row(Db& db, const std::string& tenant, const
   s.fingerprint = r[4].value_or("");
   s.resource_id = r[5].value_or("");
   s.lease_expired = r[6].value_or("") == "true";
+  s.fence = std::stoll(r[7].value_or("0"));
   return s;
 }
 

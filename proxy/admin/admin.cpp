@@ -86,6 +86,7 @@ json::object describe(const store::RecordId& id, const store::Record& rec) {
   o["key_hash"] = idempotency::log_hash(id.tenant, id.key);  // as in the access log
   o["state"] = rec.state == store::State::completed ? "completed" : "in_progress";
   o["attempt"] = rec.attempt;
+  o["fencing_token"] = rec.fence;
   o["created_at"] = timestamp_or_null(rec.created_at_us);
   o["completed_at"] = timestamp_or_null(rec.completed_at_us);
   o["expires_at"] = timestamp_or_null(rec.expires_at_us);
@@ -373,8 +374,6 @@ asio::awaitable<server::Response> Handler::records(const server::Request& reques
   auto op = deps_.store->purge(id);
   auto r = co_await within(deps_.store_deadline, std::move(op));
   deps_.metrics->store_duration(StoreOp::purge, seconds_since(t0));
-  // Even when the outcome is unknown: forgetting a record that still exists costs one read.
-  if (deps_.on_purged) deps_.on_purged(id);
   if (!r || !*r) {
     deps_.metrics->store_error(r ? obs::store_error_kind(r->error()) : "timeout");
     // Unknown whether the DELETE committed; purging again is harmless.

@@ -52,7 +52,9 @@ struct Readiness {
 using ReadinessProbe = std::function<asio::awaitable<Readiness>()>;
 
 struct Dependencies {
-  store::Store* store = nullptr;   // record lookups, purges, the in-progress gauge
+  // Record lookups, purges, the in-progress gauge. With the replay cache in front of it
+  // (gateway::CachingStore), a purge also forgets the record in this process.
+  store::Store* store = nullptr;
   obs::Metrics* metrics = nullptr;
   ReadinessProbe readiness;        // empty: /readyz only reflects draining
   // admin.token as configured now; "" = loopback clients only. Called per request, so a
@@ -60,9 +62,6 @@ struct Dependencies {
   std::function<std::string()> token;
   // Bound on each store call the handler makes (record calls, the scrape-time sample).
   Millis store_deadline{1000};
-  // After every purge attempt, before answering: forget the record in this process (the
-  // replay cache), so that this replica never replays it once the DELETE has returned.
-  std::function<void(const store::RecordId&)> on_purged;
 };
 
 class Handler {

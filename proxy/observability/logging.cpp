@@ -418,6 +418,7 @@ class AccessFields {
     if (!r.key_hash.empty()) add("key_hash", 's', r.key_hash);
     if (!r.code.empty()) add("code", 's', r.code);
     if (r.from_cache) add("replay_cache", 's', "hit");
+    if (!r.fenced.empty()) add("fenced", 's', r.fenced);
   }
   AccessFields(const AccessFields&) = delete;
   AccessFields& operator=(const AccessFields&) = delete;
@@ -430,7 +431,7 @@ class AccessFields {
   }
 
   NumberText status_, duration_, upstream_, store_, attempt_;
-  std::array<Field, 12> storage_{};
+  std::array<Field, 13> storage_{};
   std::size_t n_ = 0;
 };
 

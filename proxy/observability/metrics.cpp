@@ -76,6 +76,9 @@ constexpr std::string_view kOverflowLabel = "_overflow";
 // Store error kinds the pg layer reports; created up front so dashboards see 0, not nothing.
 constexpr std::array<std::string_view, 4> kKnownStoreErrors{"unavailable", "timeout", "busy",
                                                             "protocol"};
+// What a fenced owner can answer (Metrics::fenced_answer), likewise exported at 0.
+constexpr std::array<std::string_view, 5> kFencedAnswers{"replayed", "in_progress", "key_reused",
+                                                         "forbidden", "unavailable"};
 
 struct Counter {
   std::atomic<std::uint64_t> value{0};
@@ -194,7 +197,9 @@ class Family {
   X(takeovers,          Counter,         "idemproxy_takeovers_total",            "",             \
     "Claims taken over after the previous owner's lease expired.")                               \
   X(fenced_writes,      Counter,         "idemproxy_fenced_writes_total",        "",             \
-    "Completions or releases refused because a newer attempt owns the record.")                  \
+    "Owner writes (completion, release, renewal, lease expiry) refused: another claim owns the record.")                  \
+  X(fenced_answers,     Counter,         "idemproxy_fenced_answers_total",       "answer",       \
+    "Answers of owners whose write was fenced, taken from the record instead of their own.")   \
   X(lease_renewals,     Counter,         "idemproxy_lease_renewals_total",       "",             \
     "Lease renewals by owners waiting on the upstream.")                                         \
   X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
@@ -383,6 +388,7 @@ struct Metrics::Impl {
       store_ops[static_cast<std::size_t>(i)] = &store_duration.get(to_string(static_cast<StoreOp>(i)));
     }
     for (auto kind : kKnownStoreErrors) store_errors.get(kind);
+    for (auto answer : kFencedAnswers) fenced_answers.get(answer);
   }
 };
 
@@ -404,6 +410,7 @@ void Metrics::store_duration(StoreOp op, double seconds) {
 
 void Metrics::takeover() { impl_->takeover.add(1); }
 void Metrics::fenced_write() { impl_->fenced.add(1); }
+void Metrics::fenced_answer(std::string_view answer) { impl_->fenced_answers.get(answer).add(1); }
 void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
@@ -424,6 +431,10 @@ std::uint64_t Metrics::requests(std::string_view route, Outcome outcome) const {
 
 std::uint64_t Metrics::takeovers() const { return impl_->takeover.get(); }
 std::uint64_t Metrics::fenced_writes() const { return impl_->fenced.get(); }
+std::uint64_t Metrics::fenced_answers(std::string_view answer) const {
+  const auto* c = impl_->fenced_answers.find(answer);
+  return c != nullptr ? c->get() : 0;
+}
 std::uint64_t Metrics::replay_cache_hits() const { return impl_->cache_hit.get(); }
 std::uint64_t Metrics::replay_cache_notifications() const { return impl_->cache_notified.get(); }
 

@@ -47,6 +47,9 @@ class Metrics {
   void store_duration(StoreOp op, double seconds);
   void takeover();
   void fenced_write();
+  // A fenced owner's answer, from the record: "replayed", "in_progress", "key_reused",
+  // "forbidden" or "unavailable" (idemproxy_fenced_answers_total{answer}).
+  void fenced_answer(std::string_view answer);
   void lease_renewal();
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
@@ -59,6 +62,7 @@ class Metrics {
   std::uint64_t requests(std::string_view route, Outcome outcome) const;
   std::uint64_t takeovers() const;
   std::uint64_t fenced_writes() const;
+  std::uint64_t fenced_answers(std::string_view answer) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;
 

@@ -45,17 +45,17 @@ class HangingStore final : public store::Store {
   asio::awaitable<result<std::optional<store::Record>>> read(const store::RecordId&) override {
     return hang<std::optional<store::Record>>();
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const store::RecordId&,
-                                                                 std::int64_t, Millis) override {
-    return hang<std::optional<std::int64_t>>();
+  asio::awaitable<result<std::optional<store::Ownership>>> take_over(const store::RecordId&,
+                                                                     std::int64_t, Millis) override {
+    return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+  asio::awaitable<result<std::optional<store::Ownership>>> replace_expired(
       const store::ClaimRequest&, std::int64_t) override {
-    return hang<std::optional<std::int64_t>>();
+    return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId&, std::int64_t,
-                                         const store::StoredResponse&, Millis) override {
-    return hang<bool>();
+  asio::awaitable<result<store::Completion>> complete(const store::RecordId&, std::int64_t,
+                                                      const store::StoredResponse&, Millis) override {
+    return hang<store::Completion>();
   }
   asio::awaitable<result<bool>> release(const store::RecordId&, std::int64_t) override {
     return hang<bool>();
@@ -122,9 +122,9 @@ struct Fixture {
       resp.status = 201;
       resp.headers = {{"Content-Type", "application/json"}, {"Location", "/orders/SECRET-LOCATION"}};
       resp.body = R"({"card":"SECRET-BODY"})";
-      auto done = co_await memory.complete(id, won->attempt, resp, Millis{3600000});
+      auto done = co_await memory.complete(id, won->owner.fence, resp, Millis{3600000});
       REQUIRE(done.has_value());
-      CHECK(*done);
+      CHECK(*done == store::Completion::recorded);
     });
   }
 
@@ -319,6 +319,7 @@ TEST_CASE("a record lookup shows state and timing, never the body or header valu
   CHECK(std::string(o.at("key_hash").as_string()) == idempotency::log_hash("acme", "order/1?x"));
   CHECK(o.at("state") == "completed");
   CHECK(o.at("attempt") == 1);
+  CHECK(o.at("fencing_token").as_int64() > 0);
   CHECK(o.at("created_at") == "2023-11-14T22:13:20.000000Z");
   CHECK(o.at("completed_at") == "2023-11-14T22:13:20.000000Z");
   CHECK(o.at("expires_at") == "2023-11-14T23:13:20.000000Z");

@@ -17,6 +17,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gateway/caching_store.hpp"
 #include "gateway/gateway.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
@@ -70,6 +71,18 @@ class ScriptedUpstream final : public upstream::Client {
   }
   void open_gate() { gate.cancel(); }
 
+  // Holds the next answer until the returned gate is cancelled; `status` is the answer.
+  std::shared_ptr<asio::steady_timer> hold_next_on_own_gate(int status = 201) {
+    auto own = std::make_shared<asio::steady_timer>(gate.get_executor());
+    own->expires_at(SteadyClock::time_point::max());
+    scripts.push_back([own, status](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      error_code ec;
+      co_await own->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_return created(seq, req, status);
+    });
+    return own;
+  }
+
   void fail_next(upstream::Failure f) {
     scripts.push_back([f](const upstream::Request&, int) -> asio::awaitable<upstream::Outcome> {
       upstream::Outcome out;
@@ -92,17 +105,20 @@ class ScriptedUpstream final : public upstream::Client {
   asio::steady_timer gate;
 };
 
-// A lost claim that comes with the row already read, as PgStore hands it over when it
-// sends the claim and the read in one round trip: the gateway must decide on it exactly as
-// on its own read().
-class ReadAlongStore final : public store::Store {
+// A decorator over the in-memory store with two knobs:
+//   * read_along: a lost claim comes with the row already read, as PgStore hands it over
+//     when it sends the claim and the read in one round trip; the gateway must decide on
+//     it exactly as on its own read();
+//   * commit_then_fail_completes: the next N completions are written and then reported
+//     as timed out, as when a statement commits but its answer never arrives.
+class ProbeStore final : public store::Store {
  public:
-  explicit ReadAlongStore(store::Store& inner) : inner_(inner) {}
+  explicit ProbeStore(store::Store& inner) : inner_(inner) {}
 
   asio::awaitable<result<store::ClaimResult>> claim(const store::ClaimRequest& req) override {
     ++claims;
     auto claimed = co_await inner_.claim(req);
-    if (!claimed || claimed->won) co_return claimed;
+    if (!read_along || !claimed || claimed->won) co_return claimed;
     auto row = co_await inner_.read(req.id);
     if (!row) co_return row.error();
     claimed->row_read = true;
@@ -114,29 +130,35 @@ class ReadAlongStore final : public store::Store {
     ++reads;
     return inner_.read(id);
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const store::RecordId& id,
-                                                                 std::int64_t seen,
-                                                                 Millis lease) override {
+  asio::awaitable<result<std::optional<store::Ownership>>> take_over(const store::RecordId& id,
+                                                                     std::int64_t seen,
+                                                                     Millis lease) override {
     return inner_.take_over(id, seen, lease);
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+  asio::awaitable<result<std::optional<store::Ownership>>> replace_expired(
       const store::ClaimRequest& req, std::int64_t seen) override {
     return inner_.replace_expired(req, seen);
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId& id, std::int64_t attempt,
-                                         const store::StoredResponse& response,
-                                         Millis retention) override {
-    return inner_.complete(id, attempt, response, retention);
+  asio::awaitable<result<store::Completion>> complete(const store::RecordId& id, std::int64_t fence,
+                                                      const store::StoredResponse& response,
+                                                      Millis retention) override {
+    ++completes;
+    auto written = co_await inner_.complete(id, fence, response, retention);
+    if (commit_then_fail_completes > 0 && written) {
+      --commit_then_fail_completes;
+      co_return make_error_code(errc::store_timeout);
+    }
+    co_return written;
   }
-  asio::awaitable<result<bool>> release(const store::RecordId& id, std::int64_t attempt) override {
-    return inner_.release(id, attempt);
+  asio::awaitable<result<bool>> release(const store::RecordId& id, std::int64_t fence) override {
+    return inner_.release(id, fence);
   }
-  asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t attempt,
+  asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t fence,
                                       Millis lease) override {
-    return inner_.renew(id, attempt, lease);
+    return inner_.renew(id, fence, lease);
   }
-  asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t attempt) override {
-    return inner_.expire_lease(id, attempt);
+  asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t fence) override {
+    return inner_.expire_lease(id, fence);
   }
   asio::awaitable<result<bool>> purge(const store::RecordId& id) override { return inner_.purge(id); }
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override {
@@ -146,9 +168,12 @@ class ReadAlongStore final : public store::Store {
     return inner_.oldest_in_progress_age();
   }
 
+  bool read_along = false;
+  int commit_then_fail_completes = 0;
   int claims = 0;
   int rows_handed_over = 0;  // lost claims that came with their row
   int reads = 0;             // separate read() calls
+  int completes = 0;
 
  private:
   store::Store& inner_;
@@ -157,8 +182,9 @@ class ReadAlongStore final : public store::Store {
 const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
 
 struct Fixture {
-  explicit Fixture(bool read_along = false) : read_along_store(store), upstream(ioc.get_executor()) {
-    use_read_along = read_along;
+  explicit Fixture(bool read_along = false)
+      : probe(store), caching(probe, cache), upstream(ioc.get_executor()) {
+    probe.read_along = read_along;
     spdlog::set_level(spdlog::level::off);
     settings::Settings s;
     s.upstream.host = "127.0.0.1";
@@ -189,11 +215,10 @@ struct Fixture {
     gateway::Dependencies deps;
     deps.executor = ioc.get_executor();
     deps.runtime = holder;
-    deps.store = use_read_along ? static_cast<store::Store*>(&read_along_store) : &store;
+    deps.store = &caching;
     deps.upstream = &upstream;
     deps.waiters = &waiters;
     deps.metrics = &metrics;
-    deps.replay_cache = &cache;
     gw = std::make_unique<gateway::Gateway>(std::move(deps));
   }
 
@@ -274,13 +299,13 @@ struct Fixture {
   system_clock::time_point now = system_clock::now();
   asio::io_context ioc;
   store::MemoryStore store{[this] { return now; }};
-  ReadAlongStore read_along_store;
-  bool use_read_along = false;
-  ScriptedUpstream upstream;
-  gateway::WaiterRegistry waiters;
   obs::Metrics metrics;
   // Inactive (never listening) unless a test says so: the other cases test the store path.
   gateway::ReplayCache cache{&metrics};
+  ProbeStore probe;
+  gateway::CachingStore caching;
+  ScriptedUpstream upstream;
+  gateway::WaiterRegistry waiters;
   std::shared_ptr<gateway::RuntimeHolder> holder;
   std::unique_ptr<gateway::Gateway> gw;
 };
@@ -415,21 +440,25 @@ TEST_CASE("a key-less request on a non-required route passes through unprotected
   CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"].empty());
 }
 
-TEST_CASE("client-supplied operation id and attempt headers never reach the backend") {
+TEST_CASE("client-supplied operation id, attempt and fencing token headers never reach the backend") {
   Fixture f;
   auto req = Fixture::order("k1", kBody);
   req.set("X-Idempotency-Operation-Id", "forged");
   req.set("X-Idempotency-Attempt", "99");
+  req.set("X-Idempotency-Fencing-Token", "99");
   f.call(std::move(req));
   REQUIRE(f.upstream.calls.size() == 1);
   CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
   CHECK(f.upstream.calls[0]["X-Idempotency-Operation-Id"] != "forged");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Fencing-Token"] == std::to_string(f.row("k1")->fence));
 
   server::Request other{http::verb::get, "/health", 11};
   other.set("X-Idempotency-Attempt", "99");
+  other.set("X-Idempotency-Fencing-Token", "99");
   f.call(std::move(other));
   REQUIRE(f.upstream.calls.size() == 2);
   CHECK(f.upstream.calls[1].find("X-Idempotency-Attempt") == f.upstream.calls[1].end());
+  CHECK(f.upstream.calls[1].find("X-Idempotency-Fencing-Token") == f.upstream.calls[1].end());
 }
 
 TEST_CASE("upstream 5xx releases the claim; a retry reaches the backend; 422 is stored") {
@@ -576,11 +605,132 @@ TEST_CASE("a stale owner's completion is fenced after a takeover") {
   CHECK(fresh->result_int() == 201);
   REQUIRE(f.upstream.calls.size() == 2);
   CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "2");
+  CHECK(f.upstream.calls[1]["X-Idempotency-Fencing-Token"] !=
+        f.upstream.calls[0]["X-Idempotency-Fencing-Token"]);
   auto row = f.row("k1");
   REQUIRE(row);
   CHECK(row->attempt == 2);
   CHECK(row->response->body == fresh->body());
-  CHECK(f.metrics.fenced_writes() >= 1);
+  CHECK(f.metrics.fenced_writes() == 1);
+  // The stale owner's client gets what the record holds, never the unrecorded answer.
+  CHECK(stale->result_int() == 201);
+  CHECK(stale->body() == fresh->body());
+  CHECK(stale->at("Idempotent-Replayed") == "true");
+  CHECK(f.metrics.fenced_answers("replayed") == 1);
+}
+
+// The defect per-row tokens had: a release deletes the row, the next claim of the key starts
+// again at attempt 1, and the owner of the released claim, resumed, matched it. Here that
+// stale owner gets a 503 from the backend and releases: with per-row tokens it deleted the
+// new claim, whose completion then found no row, and its client saw 201 for an operation
+// PostgreSQL held no record of.
+TEST_CASE("a stale owner of a released claim cannot touch the key's next claim") {
+  Fixture f;
+  f.route().lease = Millis{1000};
+  auto stale_gate = f.upstream.hold_next_on_own_gate(503);  // the stale owner's call
+  f.upstream.answer_next(503);                               // the takeover's call
+  auto next_gate = f.upstream.hold_next_on_own_gate(201);    // the next claim's call
+  std::optional<server::Response> stale, taken, next;
+  std::optional<store::Record> while_next_runs;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(f.ioc);
+    auto until_calls = [&](std::size_t n) -> asio::awaitable<void> {
+      while (f.upstream.calls.size() < n) {
+        t.expires_after(Millis{1});
+        co_await t.async_wait(asio::use_awaitable);
+      }
+    };
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { stale = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    co_await until_calls(1);
+    f.now += std::chrono::seconds(5);  // the owner looks dead: its lease lapsed
+    taken = co_await f.handle(Fixture::order("k1", kBody));  // takes over, 503, releases
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { next = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    co_await until_calls(3);
+    stale_gate->cancel();  // the stale owner resumes with its 503 and releases... nothing
+    while (!stale) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    const store::RecordId id{"t1", "POST /orders", "k1"};
+    while_next_runs = (co_await f.store.read(id)).value();
+    next_gate->cancel();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(stale);
+  REQUIRE(taken);
+  REQUIRE(next);
+  REQUIRE(f.upstream.calls.size() == 3);
+  const auto& calls = f.upstream.calls;
+  CHECK(calls[0]["X-Idempotency-Attempt"] == "1");
+  CHECK(calls[1]["X-Idempotency-Attempt"] == "2");
+  CHECK(calls[2]["X-Idempotency-Attempt"] == "1");  // a fresh claim after the release
+  CHECK(calls[2]["X-Idempotency-Fencing-Token"] != calls[0]["X-Idempotency-Fencing-Token"]);
+  CHECK(taken->result_int() == 503);
+
+  // The stale release changed nothing: the next claim still ran, under its own token.
+  REQUIRE(while_next_runs);
+  CHECK(while_next_runs->state == store::State::in_progress);
+  CHECK(std::to_string(while_next_runs->fence) == std::string(calls[2]["X-Idempotency-Fencing-Token"]));
+  // Its client was told to retry, not given the backend's answer to a stale attempt.
+  CHECK(stale->result_int() == 409);
+  CHECK(problem_code(*stale) == "idempotency_in_progress");
+
+  // The next claim completed, and the record holds exactly what its client saw.
+  CHECK(next->result_int() == 201);
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  REQUIRE(row->response);
+  CHECK(row->response->body == next->body());
+  CHECK(f.metrics.fenced_writes() == 1);
+  CHECK(f.metrics.fenced_answers("in_progress") == 1);
+}
+
+TEST_CASE("a completion retried after a lost answer that finds its own record is a success") {
+  Fixture f;
+  f.probe.commit_then_fail_completes = 1;  // committed, but the answer never arrived
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(f.probe.completes == 2);
+  CHECK(res.result_int() == 201);
+  CHECK(res["Idempotent-Replayed"].empty());
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->response->body == res.body());
+  CHECK(f.metrics.fenced_writes() == 0);  // nothing was fenced
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+}
+
+TEST_CASE("a fenced owner whose key is free again answers 503 to retry, never its own answer") {
+  Fixture f;
+  f.route().lease = Millis{1000};
+  auto stale_gate = f.upstream.hold_next_on_own_gate(201);
+  f.upstream.answer_next(503);  // the takeover's call: released, the key is free
+  std::optional<server::Response> stale, taken;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(f.ioc);
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { stale = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    while (f.upstream.calls.empty()) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    f.now += std::chrono::seconds(5);
+    taken = co_await f.handle(Fixture::order("k1", kBody));
+    stale_gate->cancel();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(stale);
+  REQUIRE(taken);
+  CHECK(taken->result_int() == 503);
+  CHECK(stale->result_int() == 503);
+  CHECK(problem_code(*stale) == "idempotency_store_unavailable");
+  CHECK_FALSE(stale->at(http::field::retry_after).empty());
+  CHECK(f.store.size() == 0);  // the stale owner did not claim or write anything
+  CHECK(f.metrics.fenced_answers("unavailable") == 1);
+  // The retry it was told to make runs as a new claim and is recorded.
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 201);
+  CHECK(f.row("k1")->state == store::State::completed);
 }
 
 TEST_CASE("another principal's key is forbidden") {
@@ -669,8 +819,8 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
     CHECK(problem_code(reused) == "idempotency_key_reused");
     CHECK(f.upstream.calls.size() == 1);
-    CHECK(f.read_along_store.rows_handed_over == 2);
-    CHECK(f.read_along_store.reads == 0);  // the row came with the claim both times
+    CHECK(f.probe.rows_handed_over == 2);
+    CHECK(f.probe.reads == 0);  // the row came with the claim both times
   }
 
   SUBCASE("an in-progress row read with the claim is read again once the waiter is registered") {
@@ -685,10 +835,10 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     CHECK((*dup)["Idempotent-Replayed"] == "true");
     CHECK(dup->body() == owner->body());
     CHECK(f.upstream.calls.size() == 1);
-    CHECK(f.read_along_store.rows_handed_over == 1);
+    CHECK(f.probe.rows_handed_over == 1);
     // The handed-over row said "in progress": not trusted for a wait, read again after
     // the waiter's registration, then once more after the wake-up.
-    CHECK(f.read_along_store.reads >= 2);
+    CHECK(f.probe.reads >= 2);
   }
 
   SUBCASE("an expired record is replaced, an expired lease taken over") {
@@ -708,7 +858,7 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     CHECK(retried.result_int() == 201);
     REQUIRE(f.upstream.calls.size() == 4);
     CHECK(f.upstream.calls[3]["X-Idempotency-Attempt"] == "2");
-    CHECK(f.read_along_store.rows_handed_over == 2);
+    CHECK(f.probe.rows_handed_over == 2);
   }
 }
 
@@ -722,11 +872,11 @@ TEST_CASE("with the replay cache: a replayed record answers retries from memory,
 
   auto from_store = f.call(Fixture::order("k1", kBody));
   CHECK(from_store["Idempotent-Replayed"] == "true");
-  CHECK(f.read_along_store.claims == 2);
+  CHECK(f.probe.claims == 2);
   CHECK(f.cache.entries() == 1);
 
   auto from_memory = f.call(Fixture::order("\"k1\"", R"({"amount":1e3,"customer_id":"c1"})"));
-  CHECK(f.read_along_store.claims == 2);  // no store call at all
+  CHECK(f.probe.claims == 2);  // no store call at all
   CHECK(f.metrics.replay_cache_hits() == 1);
   CHECK(from_memory.result_int() == from_store.result_int());
   CHECK(from_memory.body() == from_store.body());
@@ -739,14 +889,14 @@ TEST_CASE("with the replay cache: a replayed record answers retries from memory,
   auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
   CHECK(reused.result_int() == 409);
   CHECK(problem_code(reused) == "idempotency_key_reused");
-  CHECK(f.read_along_store.claims == 2);
+  CHECK(f.probe.claims == 2);
 
   // Another tenant's same key is its own record: a miss, a new operation.
   auto other = f.call(Fixture::order("k1", kBody, "t2"));
   CHECK(other.result_int() == 201);
   CHECK(other["Idempotent-Replayed"].empty());
   CHECK(f.upstream.calls.size() == 2);
-  CHECK(f.read_along_store.claims == 3);
+  CHECK(f.probe.claims == 3);
 }
 
 TEST_CASE("with the replay cache: an announced change sends the next request to the store") {
@@ -781,7 +931,7 @@ TEST_CASE("with the replay cache inactive (not listening), every retry reads the
   for (int i = 0; i < 3; ++i) {
     CHECK(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
   }
-  CHECK(f.read_along_store.claims == 4);
+  CHECK(f.probe.claims == 4);
   CHECK(f.cache.entries() == 0);
   CHECK(f.metrics.replay_cache_hits() == 0);
 }
@@ -799,11 +949,11 @@ TEST_CASE("with the replay cache: another principal is refused from memory too")
   };
   REQUIRE(f.call(as("alice")).result_int() == 201);
   REQUIRE(f.call(as("alice"))["Idempotent-Replayed"] == "true");  // read, kept
-  const int claims = f.read_along_store.claims;
+  const int claims = f.probe.claims;
   auto bob = f.call(as("bob"));
   CHECK(bob.result_int() == 403);
   CHECK(problem_code(bob) == "idempotency_key_forbidden");
   CHECK(f.call(as("alice"))["Idempotent-Replayed"] == "true");
-  CHECK(f.read_along_store.claims == claims);  // both decided on the cached record
+  CHECK(f.probe.claims == claims);  // both decided on the cached record
   CHECK(f.metrics.replay_cache_hits() == 2);
 }

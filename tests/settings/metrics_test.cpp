@@ -197,6 +197,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_store_duration_seconds") == "histogram");
   CHECK(e.types.at("idemproxy_takeovers_total") == "counter");
   CHECK(e.types.at("idemproxy_fenced_writes_total") == "counter");
+  CHECK(e.types.at("idemproxy_fenced_answers_total") == "counter");
   CHECK(e.types.at("idemproxy_lease_renewals_total") == "counter");
   CHECK(e.types.at("idemproxy_expired_deleted_total") == "counter");
   CHECK(e.types.at("idemproxy_store_errors_total") == "counter");
@@ -206,7 +207,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
-  CHECK(e.types.size() == 15);
+  CHECK(e.types.size() == 16);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -218,6 +219,9 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
+  for (const char* answer : {"replayed", "in_progress", "key_reused", "forbidden", "unavailable"}) {
+    CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", answer}}) == 0);
+  }
   check_histograms(e);
 }
 
@@ -232,6 +236,7 @@ TEST_CASE("recorded values appear in the exposition") {
   m.takeover();
   m.fenced_write();
   m.fenced_write();
+  m.fenced_answer("replayed");
   m.lease_renewal();
   m.expired_deleted(500);
   m.expired_deleted(20);
@@ -267,6 +272,9 @@ TEST_CASE("recorded values appear in the exposition") {
   CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", "read"}}) == 0);
   CHECK(e.get("idemproxy_takeovers_total") == 1);
   CHECK(e.get("idemproxy_fenced_writes_total") == 2);
+  CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", "replayed"}}) == 1);
+  CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", "unavailable"}}) == 0);
+  CHECK(m.fenced_answers("replayed") == 1);
   CHECK(e.get("idemproxy_lease_renewals_total") == 1);
   CHECK(e.get("idemproxy_expired_deleted_total") == 520);
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 1);
@@ -338,7 +346,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 15);
+        CHECK(e.types.size() == 16);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
