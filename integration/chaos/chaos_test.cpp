@@ -101,7 +101,7 @@ struct Scenario {
 
   void order_row(const std::string& id, const std::string& tenant = "tenant-a",
                  std::int64_t amount = 1000) {
-    rows.orders.push_back({id, tenant, "cust-1", amount, "co-1"});
+    rows.orders.push_back({id, tenant, "cust-1", amount, "co-1", std::nullopt});
   }
   void record(const std::string& body, const std::string& tenant = "tenant-a", int status = 201) {
     rows.records.push_back({tenant, "key-1", "completed", status, body, 2});
@@ -400,6 +400,22 @@ TEST_CASE("checker: key reuse") {
     s.answer(e, 409, "idempotency_key_reused");
     CHECK(rules(s.check()) == std::set<std::string>{"no_result"});
   }
+}
+
+TEST_CASE("checker: two claims of a key with one fencing token") {
+  Scenario s = healthy();
+  s.rows.orders[0].operation_id = "op-1";
+  s.rows.arrivals = {{"tenant-a", "op-1", 1, 7}, {"tenant-a", "op-1", 2, 9}, {"tenant-b", "op-1", 1, 7}};
+  auto r = s.check();
+  CHECK(r.violations.empty());
+  CHECK(r.arrivals == 3);
+  s.rows.arrivals.push_back({"tenant-a", "op-1", 1, 7});
+  r = s.check();
+  REQUIRE(rules(r) == std::set<std::string>{"fencing_token_reused"});
+  CHECK(r.violations[0].detail.find("tenant-a/cust-1") != std::string::npos);
+  // A sidecar that sends no token cannot be checked this way, and is not blamed.
+  s.rows.arrivals = {{"tenant-a", "op-1", 1, std::nullopt}, {"tenant-a", "op-1", 1, std::nullopt}};
+  CHECK(s.check().violations.empty());
 }
 
 TEST_CASE("checker: unsettled entries, unexpected answers, duplicate orders") {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <boost/json/parse.hpp>
@@ -250,6 +251,33 @@ class Checker {
     }
     for (const auto& o : snapshot_.orders) {
       if (!answered_orders_.contains(o.order_id)) ++result_.orders_without_result;
+    }
+    check_arrivals();
+  }
+
+  void check_arrivals() {
+    std::map<Pair, std::string> key_of;  // (tenant, operation id) -> "tenant/customer"
+    for (const auto& o : snapshot_.orders) {
+      if (o.operation_id) key_of[{o.tenant, *o.operation_id}] = o.tenant + "/" + o.customer_id;
+    }
+    std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<std::int64_t>> seen;
+    for (const auto& a : snapshot_.arrivals) {
+      ++result_.arrivals;
+      if (!a.fencing_token) continue;
+      ++result_.arrivals_with_token;
+      seen[{a.tenant, a.operation_id, *a.fencing_token}].push_back(a.attempt);
+    }
+    for (const auto& [id, attempts] : seen) {
+      if (attempts.size() < 2) continue;
+      const auto& [tenant, operation, token] = id;
+      const auto named = key_of.find({tenant, operation});
+      std::string list;
+      for (const auto n : attempts) list += (list.empty() ? "" : ", ") + std::to_string(n);
+      violation("fencing_token_reused",
+                (named != key_of.end() ? named->second : tenant + "/?") + " (operation " +
+                    operation.substr(0, 12) + "): " + std::to_string(attempts.size()) +
+                    " requests reached the backend with fencing token " + std::to_string(token) +
+                    " (attempts " + list + ")");
     }
   }
 

@@ -27,6 +27,9 @@
 //   stuck_in_progress         no record is still in progress
 //   duplicate_order           at most one order per operation (tenant and customer, which
 //                             names the key) and per tenant and checkout
+//   fencing_token_reused      no two requests that reached the backend for one operation
+//                             carried the same fencing token (the sidecar forwards once
+//                             per claim: two claims of the key shared a token)
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +49,7 @@ struct OrderRow {
   std::string customer_id;
   std::int64_t amount = 0;
   std::optional<std::string> checkout_id;
+  std::optional<std::string> operation_id;
 };
 
 struct RecordRow {
@@ -57,9 +61,18 @@ struct RecordRow {
   std::int64_t attempt_token = 0;
 };
 
+// One request that reached the order API (demo_orders.arrivals, --record-arrivals).
+struct ArrivalRow {
+  std::string tenant;
+  std::string operation_id;
+  std::int64_t attempt = 0;
+  std::optional<std::int64_t> fencing_token;  // nullopt: the sidecar sent none
+};
+
 struct Snapshot {
   std::vector<OrderRow> orders;
   std::vector<RecordRow> records;  // the run's route (endpoint) only
+  std::vector<ArrivalRow> arrivals;
 };
 
 struct Violation {
@@ -76,6 +89,8 @@ struct CheckResult {
   std::size_t operations_with_order = 0;
   std::size_t orders_without_result = 0;  // orders no client was told about (allowed)
   std::size_t max_attempts = 0;         // of one entry
+  std::size_t arrivals = 0;             // requests that reached the backend
+  std::size_t arrivals_with_token = 0;
   std::map<std::string, std::size_t> violations_by_rule;
 };
 

@@ -39,7 +39,7 @@ void Clients::worker() {
   std::vector<it::HttpClient> clients;
   for (const auto port : ports_) clients.emplace_back(port);
   for (;;) {
-    const std::size_t index = next_.fetch_add(1);
+    const std::size_t index = aborted_.load() ? plan_.entries.size() : next_.fetch_add(1);
     if (index >= plan_.entries.size()) {
       next_.store(plan_.entries.size());
       return;
@@ -108,8 +108,9 @@ void Clients::run_entry(std::size_t index, std::vector<it::HttpClient>& clients)
     last_replica = a.replica;
     last_unanswered = a.status == 0;
     const bool done = a.definite();
+    if (done) last_definite_us_.store(a.received_us);
     history_.add(std::move(a));
-    if (done || give_up.passed()) return;
+    if (done || give_up.passed() || aborted_.load()) return;
     // A client that retries quickly, with jitter so duplicates do not move in lockstep.
     const auto jitter = static_cast<std::int64_t>(rng.below(static_cast<std::uint64_t>(backoff.count()) + 1));
     std::this_thread::sleep_for(Millis(backoff.count() / 2 + jitter));

@@ -36,6 +36,10 @@ class Clients {
   std::size_t taken() const { return next_.load(); }       // entries started
   std::size_t settled() const { return settled_.load(); }  // entries finished
   std::size_t requests() const { return requests_.load(); }
+  // When an entry last got a definite answer (run_clock_us()).
+  std::int64_t last_definite_us() const { return last_definite_us_.load(); }
+  // Stops taking entries and retrying (a stalled run): run() returns soon after.
+  void abort() { aborted_.store(true); }
 
  private:
   void worker();
@@ -48,6 +52,8 @@ class Clients {
   std::atomic<std::size_t> next_{0};
   std::atomic<std::size_t> settled_{0};
   std::atomic<std::size_t> requests_{0};
+  std::atomic<std::int64_t> last_definite_us_{0};
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace idem::chaos

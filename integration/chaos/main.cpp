@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <atomic>
 #include <thread>
 
 #include <boost/json/array.hpp>
@@ -54,6 +55,9 @@ environment: DATABASE_URL (required), IDEM_TEST_PGCTL (required with pg faults),
   IDEMPROXY_BIN, IDEM_ORDER_BACKEND_BIN, IDEM_FAULT_PROXY_BIN (default: the build's)
 exit status: 0 every invariant held, 1 violations (evidence kept in --out), 2 usage/setup
 )";
+
+// How long a run may go without any definite answer before it is declared stalled.
+constexpr std::chrono::seconds kStallAfter{90};
 
 struct Args {
   std::size_t ops = 2000;
@@ -151,10 +155,18 @@ Args parse(int argc, char** argv) {
 Snapshot snapshot(idem::it::Db& db) {
   Snapshot s;
   for (const auto& r : db.query(
-           "SELECT order_id::text, tenant_id, customer_id, amount::text, checkout_id "
-           "FROM demo_orders.orders")) {
+           "SELECT order_id::text, tenant_id, customer_id, amount::text, checkout_id, "
+           "coalesce(operation_id, retired_operation_id) FROM demo_orders.orders")) {
     s.orders.push_back({r.at(0).value_or(""), r.at(1).value_or(""), r.at(2).value_or(""),
-                        std::stoll(r.at(3).value_or("0")), r.at(4)});
+                        std::stoll(r.at(3).value_or("0")), r.at(4), r.at(5)});
+  }
+  for (const auto& r : db.query(
+           "SELECT tenant_id, operation_id, attempt::text, fencing_token::text "
+           "FROM demo_orders.arrivals")) {
+    ArrivalRow a{.tenant = r.at(0).value_or(""), .operation_id = r.at(1).value_or(""),
+                 .attempt = std::stoll(r.at(2).value_or("0"))};
+    if (r.at(3)) a.fencing_token = std::stoll(*r.at(3));
+    s.arrivals.push_back(std::move(a));
   }
   for (const auto& r : db.query(
            "SELECT tenant_id, idempotency_key, state, response_status::text, "
@@ -291,6 +303,9 @@ json::object summary_json(const Args& args, const CheckResult& r, const RunFigur
       {"nemesis_errors", f.nemesis_errors},
       {"takeovers", sum_of(metrics, "idemproxy_takeovers_total")},
       {"fenced_writes", sum_of(metrics, "idemproxy_fenced_writes_total")},
+      {"fenced_answers", by_label(metrics, "idemproxy_fenced_answers_total", "answer")},
+      {"backend_arrivals", r.arrivals},
+      {"backend_arrivals_with_fencing_token", r.arrivals_with_token},
       {"lease_renewals", sum_of(metrics, "idemproxy_lease_renewals_total")},
       {"sidecar_outcomes", by_label(metrics, "idemproxy_requests_total", "outcome")},
       {"store_errors", by_label(metrics, "idemproxy_store_errors_total", "kind")},
@@ -317,7 +332,10 @@ std::string summary_text(const json::object& s) {
       << "  faults by kind (" << num("faults_total") << "): " << text_of(s.at("faults_by_kind").as_object())
       << "; nemesis errors " << num("nemesis_errors") << "\n"
       << "  sidecars: takeovers " << num("takeovers") << ", fenced writes " << num("fenced_writes")
-      << ", lease renewals " << num("lease_renewals") << "\n"
+      << " (fenced owners answered: " << text_of(s.at("fenced_answers").as_object())
+      << "), lease renewals " << num("lease_renewals") << "\n"
+      << "  backend: " << num("backend_arrivals") << " requests reached it ("
+      << num("backend_arrivals_with_fencing_token") << " with a fencing token)\n"
       << "  sidecar outcomes: " << text_of(s.at("sidecar_outcomes").as_object()) << "\n"
       << "  store errors: " << text_of(s.at("store_errors").as_object()) << "\n"
       << "  rows: " << num("orders") << " orders for " << num("operations") << " operations ("
@@ -363,27 +381,50 @@ int run(const Args& args) {
                   ClientOptions{.seed = args.seed, .workers = args.clients});
 
   RunFigures figures;
+  std::int64_t quiet_us = run_clock_us();
   const auto load_start = std::chrono::steady_clock::now();
   std::jthread nemesis_thread([&] { nemesis.run(); });
-  std::jthread client_thread([&] { clients.run(); });
+  std::atomic<bool> clients_done{false};
+  std::jthread client_thread([&] {
+    clients.run();
+    clients_done.store(true);
+  });
 
   // Faults go on while entries are handed out; then the quiet period: everything healed,
   // the open entries retried until they settle.
+  // A run in which nothing settles for a long time is stalled (a replica that cannot
+  // serve at all, say): it is stopped and reported, instead of retrying for hours.
+  std::string stalled;
+  const auto stalled_for = [&] {
+    const auto since = std::max(clients.last_definite_us(), quiet_us);
+    return run_clock_us() - since > std::chrono::microseconds(kStallAfter).count();
+  };
   auto last_report = std::chrono::steady_clock::now();
-  while (clients.taken() < plan.entries.size()) {
-    std::this_thread::sleep_for(100ms);  // progress reporting, not synchronization
-    if (std::chrono::steady_clock::now() - last_report > 10s) {
-      last_report = std::chrono::steady_clock::now();
-      std::cout << "chaos: " << clients.settled() << "/" << plan.entries.size() << " settled, "
-                << clients.requests() << " requests" << std::endl;
+  const auto watch = [&](auto done) {
+    while (!done()) {
+      std::this_thread::sleep_for(100ms);  // progress reporting, not synchronization
+      if (stalled.empty() && stalled_for()) {
+        stalled = "no operation got a definite answer for " +
+                  std::to_string(kStallAfter.count()) + " s; " +
+                  std::to_string(plan.entries.size() - clients.settled()) + " entries unsettled";
+        clients.abort();
+      }
+      if (std::chrono::steady_clock::now() - last_report > 10s) {
+        last_report = std::chrono::steady_clock::now();
+        std::cout << "chaos: " << clients.settled() << "/" << plan.entries.size() << " settled, "
+                  << clients.requests() << " requests" << std::endl;
+      }
     }
-  }
+  };
+  watch([&] { return clients.taken() >= plan.entries.size() || clients_done.load(); });
   nemesis.stop();
   nemesis_thread.join();
   history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healing"});
   topology.heal();
   const auto quiet_start = std::chrono::steady_clock::now();
+  quiet_us = run_clock_us();
   history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healed"});
+  watch([&] { return clients_done.load(); });
   client_thread.join();
   const auto end = std::chrono::steady_clock::now();
   figures.load_seconds = std::chrono::duration<double>(end - load_start).count();
@@ -397,7 +438,11 @@ int run(const Args& args) {
   std::optional<idem::it::Db> db;
   db.emplace(topology.database_url());
   const Snapshot rows = snapshot(*db);
-  const CheckResult result = check(plan, plan.entries.size(), history.attempts(), rows);
+  CheckResult result = check(plan, plan.entries.size(), history.attempts(), rows);
+  if (!stalled.empty()) {
+    result.violations.insert(result.violations.begin(), Violation{"stalled", stalled});
+    ++result.violations_by_rule["stalled"];
+  }
 
   const auto summary = summary_json(args, result, figures, nemesis.faults_by_kind(), tally.totals(), rows);
   const std::string text = summary_text(summary);
@@ -409,6 +454,7 @@ int run(const Args& args) {
   if (failed || args.keep) {
     dump(*db, "demo_orders.orders", out / "orders.jsonl");
     dump(*db, "idempotency_requests", out / "idempotency_requests.jsonl");
+    dump(*db, "demo_orders.arrivals", out / "arrivals.jsonl");
   }
   if (failed) {
     std::ofstream v(out / "violations.txt");

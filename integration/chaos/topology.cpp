@@ -169,7 +169,7 @@ Topology::~Topology() {
 void Topology::start_backend_process() {
   backend_ = std::make_unique<it::Process>(it::ProcessOptions{
       .executable = binary("IDEM_ORDER_BACKEND_BIN", IDEM_ORDER_BACKEND_BIN),
-      .args = {"api", "--enable-fault-injection", "--database-url", run_url_, "--listen",
+      .args = {"api", "--enable-fault-injection", "--record-arrivals", "--database-url", run_url_, "--listen",
                "127.0.0.1:" + std::to_string(backend_port_), "--operation-retention",
                options_.retention, "--pool-size", "8"},
       .name = "order_api",

@@ -27,6 +27,7 @@ struct OrderApi::Arrival {
   std::string tenant;
   std::optional<std::string> operation_id;
   std::int64_t attempt = 0;  // 0: no sidecar in front (no operation id)
+  std::optional<std::int64_t> fencing_token;  // X-Idempotency-Fencing-Token, if sent
   Millis demo_delay{0};
   Fault fault = Fault::none;
   Millis fault_delay{0};
@@ -64,6 +65,7 @@ using namespace std::chrono_literals;
 constexpr const char* kOrderByOperation = "order_by_operation";
 constexpr const char* kRetireOperation = "retire_operation";
 constexpr const char* kRecordAttempt = "record_attempt";
+constexpr const char* kRecordArrival = "record_arrival";
 constexpr const char* kCoupon = "coupon";
 constexpr const char* kCreateOrder = "create_order";
 constexpr const char* kCreateOrderThenFail = "create_order_then_fail";
@@ -99,6 +101,10 @@ SET attempt = $3::bigint,
     operation_expires_at = GREATEST(operation_expires_at,
                                     now() + $4::bigint * interval '1 millisecond')
 WHERE tenant_id = $1 AND operation_id = $2 AND attempt < $3::bigint)sql";
+
+constexpr const char* kRecordArrivalSql = R"sql(
+INSERT INTO demo_orders.arrivals (tenant_id, operation_id, attempt, fencing_token)
+VALUES ($1, $2, $3::bigint, $4::bigint))sql";
 
 constexpr const char* kCouponSql =
     "SELECT percent_off, expires_at <= now() FROM demo_orders.coupons WHERE code = $1";
@@ -287,6 +293,15 @@ std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiO
     }
     a.operation_id = std::string(*op);
     a.attempt = attempt;
+    if (const auto token = single_header(req, "X-Idempotency-Fencing-Token")) {
+      const auto value = parse_int(*token);
+      if (!value || *value < 1) {
+        return problem(req, http::status::bad_request, "invalid_request",
+                       "Invalid idempotency headers",
+                       "X-Idempotency-Fencing-Token must be a positive integer");
+      }
+      a.fencing_token = *value;
+    }
   }
 
   // Part of the demo, not a fault: it makes "in progress" visible with curl.
@@ -430,6 +445,7 @@ std::vector<pg::PreparedStatement> OrderApi::statements() {
       {kOrderByOperation, select_order + std::string(kOrderByOperationWhere)},
       {kRetireOperation, kRetireOperationSql},
       {kRecordAttempt, kRecordAttemptSql},
+      {kRecordArrival, kRecordArrivalSql},
       {kCoupon, kCouponSql},
       {kCreateOrder, create + select_order + " FROM new_order"},
       {kCreateOrderThenFail, create + std::string(kFailAfterInsert)},
@@ -516,6 +532,16 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
     res.set(http::field::retry_after, "1");
     return res;
   };
+  if (options_.record_arrivals && a.operation_id) {
+    // Parameters are views: the texts they point at must outlive the call.
+    const std::string attempt = std::to_string(a.attempt);
+    const std::string token = a.fencing_token ? std::to_string(*a.fencing_token) : "";
+    std::vector<pg::Param> params{
+        pg::Param::text(a.tenant), pg::Param::text(*a.operation_id), pg::Param::text(attempt),
+        a.fencing_token ? pg::Param::text(token) : pg::Param::null_value()};
+    auto recorded = co_await pool_->execute(kRecordArrival, std::move(params));
+    if (!recorded) co_return unavailable(req, *pool_, recorded.error());
+  }
   if (faults.delay > Millis::zero() && !faults.delay_after_commit) {
     co_await sleep_for(faults.delay);
   }

@@ -42,6 +42,9 @@ struct OrderApiOptions {
   Millis operation_retention{24LL * 3600 * 1000};
   // Honour X-Fault request headers and /_faults (tests only; see order_api.cpp).
   bool fault_injection = false;
+  // Record every arrival from the sidecar in demo_orders.arrivals (tests only: the
+  // fault-injection run checks that no two claims of a key shared a fencing token).
+  bool record_arrivals = false;
   // Upper bound of X-Demo-Delay-Ms, the demo's "slow backend" switch.
   Millis max_demo_delay{30'000};
 };
