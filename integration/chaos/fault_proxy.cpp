@@ -10,6 +10,8 @@
 //   PUT /links/NAME  MODE   one link;   MODE is {"mode": "...", "delay_ms": N} (link_mode.hpp)
 //   PUT /links       MODE   every link
 // SIGINT and SIGTERM stop it. One thread, one io_context: the links share no locks.
+// The data path has no timeouts on purpose: a blackholed link must hold its connections
+// for as long as the test wants; the endpoints (sidecar, libpq, the API) have their own.
 #include <csignal>
 #include <cstdint>
 #include <iostream>

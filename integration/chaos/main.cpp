@@ -266,6 +266,7 @@ struct RunFigures {
   double load_seconds = 0;
   double quiet_seconds = 0;
   std::size_t nemesis_errors = 0;
+  std::string stalled;  // why the run was stopped early, if it was
 };
 
 json::object summary_json(const Args& args, const CheckResult& r, const RunFigures& f,
@@ -352,6 +353,84 @@ std::string summary_text(const json::object& s) {
 
 // ---------------------------------------------------------------------------- run
 
+// The load and the quiet period: clients and nemesis run until every entry was handed
+// out; then everything is healed and the open entries are retried until they settle. A
+// run in which nothing settles for kStallAfter is stalled (a replica that cannot serve at
+// all, say): it is stopped and reported, instead of retrying for hours.
+RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology& topology,
+                 History& history) {
+  RunFigures figures;
+  std::int64_t quiet_us = run_clock_us();
+  const auto load_start = std::chrono::steady_clock::now();
+  std::jthread nemesis_thread([&] { nemesis.run(); });
+  std::atomic<bool> clients_done{false};
+  std::jthread client_thread([&] {
+    clients.run();
+    clients_done.store(true);
+  });
+
+  auto last_report = std::chrono::steady_clock::now();
+  const auto watch = [&](auto done) {
+    while (!done()) {
+      std::this_thread::sleep_for(100ms);  // progress reporting, not synchronization
+      const auto since = std::max(clients.last_definite_us(), quiet_us);
+      if (figures.stalled.empty() &&
+          run_clock_us() - since > std::chrono::microseconds(kStallAfter).count()) {
+        figures.stalled = "no operation got a definite answer for " +
+                          std::to_string(kStallAfter.count()) + " s; " +
+                          std::to_string(plan.entries.size() - clients.settled()) +
+                          " entries unsettled";
+        clients.abort();
+      }
+      if (std::chrono::steady_clock::now() - last_report > 10s) {
+        last_report = std::chrono::steady_clock::now();
+        std::cout << "chaos: " << clients.settled() << "/" << plan.entries.size() << " settled, "
+                  << clients.requests() << " requests" << std::endl;
+      }
+    }
+  };
+  watch([&] { return clients.taken() >= plan.entries.size() || clients_done.load(); });
+  nemesis.stop();
+  nemesis_thread.join();
+  history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healing"});
+  topology.heal();
+  const auto quiet_start = std::chrono::steady_clock::now();
+  quiet_us = run_clock_us();
+  history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healed"});
+  watch([&] { return clients_done.load(); });
+  client_thread.join();
+  const auto end = std::chrono::steady_clock::now();
+  figures.load_seconds = std::chrono::duration<double>(end - load_start).count();
+  figures.quiet_seconds = std::chrono::duration<double>(end - quiet_start).count();
+  figures.nemesis_errors = nemesis.errors();
+  history.flush();
+  return figures;
+}
+
+// Summary (always), violations and rows (on failure or --keep), on screen and on disk.
+void report(const Args& args, const fs::path& out, const CheckResult& result, const json::object& summary,
+            idem::it::Db& db) {
+  const std::string text = summary_text(summary);
+  std::ofstream(out / "summary.json") << json::serialize(summary) << '\n';
+  std::ofstream(out / "summary.txt") << text;
+  std::cout << text;
+  const bool failed = !result.violations.empty();
+  if (failed || args.keep) {
+    dump(db, "demo_orders.orders", out / "orders.jsonl");
+    dump(db, "idempotency_requests", out / "idempotency_requests.jsonl");
+    dump(db, "demo_orders.arrivals", out / "arrivals.jsonl");
+  }
+  if (!failed) return;
+  std::ofstream v(out / "violations.txt");
+  for (const auto& violation : result.violations) v << violation.rule << ": " << violation.detail << "\n";
+  std::cout << "first violations:\n";
+  for (std::size_t i = 0; i < result.violations.size() && i < 15; ++i) {
+    std::cout << "  " << result.violations[i].rule << ": " << result.violations[i].detail << "\n";
+  }
+  std::cout << "evidence (history.jsonl, violations.txt, rows, processes/*/ logs): " << out.string()
+            << "\nreproduce the choices with --seed " << args.seed << std::endl;
+}
+
 int run(const Args& args) {
   const fs::path out = fs::absolute(args.out);
   fs::create_directories(out / "processes");
@@ -379,94 +458,24 @@ int run(const Args& args) {
                   tally);
   Clients clients(plan, history, {topology.replica_port(0), topology.replica_port(1)},
                   ClientOptions{.seed = args.seed, .workers = args.clients});
-
-  RunFigures figures;
-  std::int64_t quiet_us = run_clock_us();
-  const auto load_start = std::chrono::steady_clock::now();
-  std::jthread nemesis_thread([&] { nemesis.run(); });
-  std::atomic<bool> clients_done{false};
-  std::jthread client_thread([&] {
-    clients.run();
-    clients_done.store(true);
-  });
-
-  // Faults go on while entries are handed out; then the quiet period: everything healed,
-  // the open entries retried until they settle.
-  // A run in which nothing settles for a long time is stalled (a replica that cannot
-  // serve at all, say): it is stopped and reported, instead of retrying for hours.
-  std::string stalled;
-  const auto stalled_for = [&] {
-    const auto since = std::max(clients.last_definite_us(), quiet_us);
-    return run_clock_us() - since > std::chrono::microseconds(kStallAfter).count();
-  };
-  auto last_report = std::chrono::steady_clock::now();
-  const auto watch = [&](auto done) {
-    while (!done()) {
-      std::this_thread::sleep_for(100ms);  // progress reporting, not synchronization
-      if (stalled.empty() && stalled_for()) {
-        stalled = "no operation got a definite answer for " +
-                  std::to_string(kStallAfter.count()) + " s; " +
-                  std::to_string(plan.entries.size() - clients.settled()) + " entries unsettled";
-        clients.abort();
-      }
-      if (std::chrono::steady_clock::now() - last_report > 10s) {
-        last_report = std::chrono::steady_clock::now();
-        std::cout << "chaos: " << clients.settled() << "/" << plan.entries.size() << " settled, "
-                  << clients.requests() << " requests" << std::endl;
-      }
-    }
-  };
-  watch([&] { return clients.taken() >= plan.entries.size() || clients_done.load(); });
-  nemesis.stop();
-  nemesis_thread.join();
-  history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healing"});
-  topology.heal();
-  const auto quiet_start = std::chrono::steady_clock::now();
-  quiet_us = run_clock_us();
-  history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healed"});
-  watch([&] { return clients_done.load(); });
-  client_thread.join();
-  const auto end = std::chrono::steady_clock::now();
-  figures.load_seconds = std::chrono::duration<double>(end - load_start).count();
-  figures.quiet_seconds = std::chrono::duration<double>(end - quiet_start).count();
-  figures.nemesis_errors = nemesis.errors();
-  history.flush();
+  const RunFigures figures = drive(plan, clients, nemesis, topology, history);
 
   for (int r = 0; r < Topology::kReplicas; ++r) {
     if (auto values = topology.scrape(r)) tally.observe(r, *values);
   }
-  std::optional<idem::it::Db> db;
-  db.emplace(topology.database_url());
-  const Snapshot rows = snapshot(*db);
-  CheckResult result = check(plan, plan.entries.size(), history.attempts(), rows);
-  if (!stalled.empty()) {
-    result.violations.insert(result.violations.begin(), Violation{"stalled", stalled});
-    ++result.violations_by_rule["stalled"];
-  }
-
-  const auto summary = summary_json(args, result, figures, nemesis.faults_by_kind(), tally.totals(), rows);
-  const std::string text = summary_text(summary);
-  std::ofstream(out / "summary.json") << json::serialize(summary) << '\n';
-  std::ofstream(out / "summary.txt") << text;
-  std::cout << text;
-
-  const bool failed = !result.violations.empty();
-  if (failed || args.keep) {
-    dump(*db, "demo_orders.orders", out / "orders.jsonl");
-    dump(*db, "idempotency_requests", out / "idempotency_requests.jsonl");
-    dump(*db, "demo_orders.arrivals", out / "arrivals.jsonl");
-  }
-  if (failed) {
-    std::ofstream v(out / "violations.txt");
-    for (const auto& violation : result.violations) v << violation.rule << ": " << violation.detail << "\n";
-    std::cout << "first violations:\n";
-    for (std::size_t i = 0; i < result.violations.size() && i < 15; ++i) {
-      std::cout << "  " << result.violations[i].rule << ": " << result.violations[i].detail << "\n";
+  bool failed = false;
+  {
+    idem::it::Db db(topology.database_url());
+    const Snapshot rows = snapshot(db);
+    CheckResult result = check(plan, plan.entries.size(), history.attempts(), rows);
+    if (!figures.stalled.empty()) {
+      result.violations.insert(result.violations.begin(), Violation{"stalled", figures.stalled});
+      ++result.violations_by_rule["stalled"];
     }
-    std::cout << "evidence (history.jsonl, violations.txt, rows, processes/*/ logs): " << out.string()
-              << "\nreproduce the choices with --seed " << args.seed << std::endl;
-  }
-  db.reset();
+    report(args, out, result,
+           summary_json(args, result, figures, nemesis.faults_by_kind(), tally.totals(), rows), db);
+    failed = !result.violations.empty();
+  }  // the run's database is not in use past here: it can be dropped
   topology.stop();
   if (!failed && !args.keep) {
     fs::remove_all(out / "processes");

@@ -712,7 +712,11 @@ Response OrderApi::faults(Request& req) {
                      .delay = Millis(*delay),
                      .delay_after_commit = *delay_after};
     fail_counter_ = 0;
-    spdlog::warn("order-api: fault injection: faults set to {}", req.body());
+    spdlog::warn("order-api: fault injection: fail_next {}, fail_every {} ({} commit, status {}), "
+                 "delay {} ms ({} commit)",
+                 faults_.fail_next, faults_.fail_every, faults_.fail_after_commit ? "after" : "before",
+                 faults_.fail_status, faults_.delay.count(),
+                 faults_.delay_after_commit ? "after" : "before");
   } else if (req.method() != http::verb::get) {
     return problem(req, http::status::method_not_allowed, "method_not_allowed",
                    "Method not allowed", "GET or PUT");
