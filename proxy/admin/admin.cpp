@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 
 namespace idem::admin {
@@ -73,7 +74,7 @@ bool is_read(http::verb m) { return m == http::verb::get || m == http::verb::hea
 
 json::value timestamp_or_null(std::int64_t epoch_us) {
   if (epoch_us == 0) return nullptr;
-  return json::value(detail::rfc3339_from_us(epoch_us));
+  return json::value(rfc3339_from_us(epoch_us));
 }
 
 // What an operator may see of a record: its state and timing, never the stored body or
@@ -207,19 +208,6 @@ bool is_loopback(const asio::ip::address& address) {
     return v6.is_loopback();
   }
   return address.is_loopback();
-}
-
-std::string rfc3339_from_us(std::int64_t epoch_us) {
-  auto secs = static_cast<std::time_t>(epoch_us / 1'000'000);
-  auto frac = epoch_us % 1'000'000;
-  if (frac < 0) {
-    frac += 1'000'000;
-    --secs;
-  }
-  std::tm utc{};
-  gmtime_r(&secs, &utc);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z", utc.tm_year + 1900,
-                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, frac);
 }
 
 }  // namespace detail

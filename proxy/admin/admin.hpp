@@ -136,8 +136,5 @@ std::optional<std::string_view> bearer_token(std::string_view authorization);
 
 bool is_loopback(const asio::ip::address& address);
 
-// Unix epoch microseconds as RFC 3339 UTC with microseconds: 2024-05-01T12:00:00.123456Z.
-std::string rfc3339_from_us(std::int64_t epoch_us);
-
 }  // namespace detail
 }  // namespace idem::admin

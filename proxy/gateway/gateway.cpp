@@ -13,7 +13,9 @@
 #include <spdlog/spdlog.h>
 
 #include "gateway/headers.hpp"
+#include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
+#include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
 #include "observability/logging.hpp"
 
@@ -24,9 +26,6 @@ using idempotency::Step;
 using obs::Outcome;
 using obs::StoreOp;
 
-constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
-constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
-constexpr std::string_view kFencingTokenHeader = "X-Idempotency-Fencing-Token";
 
 double seconds_since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
@@ -104,10 +103,13 @@ server::Response problem(const Gateway::Exchange& x, http::status status, std::s
   return server::make_problem(status, code, title, detail, x.version, x.keep_alive);
 }
 
-// The response the client sees from the upstream: per-hop fields belong to our hop.
+// The response the client sees from the upstream: per-hop fields belong to our hop, and
+// the replay markers are idemproxy's alone (a backend's own would make this first answer
+// read as a replay).
 server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) {
   server::Response res = std::move(up);
   strip_hop_by_hop(res.base());
+  strip_replay_markers(res.base());
   res.version(x.version);
   res.keep_alive(x.keep_alive);
   // A HEAD answer carries the length the GET would have; recomputing it from the empty
@@ -121,10 +123,17 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   out.status = static_cast<int>(res.result_int());
   for (const auto& f : res.base()) {
     const std::string_view name = f.name_string();
-    const bool wanted = std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
+    const auto is = [&](std::string_view m) { return iequals(m, name); };
+    const bool marker = std::any_of(kReplayMarkers.begin(), kReplayMarkers.end(), is) ||
+                        std::any_of(kBackendControls.begin(), kBackendControls.end(), is);
+    const bool wanted = !marker &&
+                        std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
                                     [&](const std::string& h) { return iequals(h, name); });
+    // Values are kept as the exact bytes the backend sent (store/header_codec.hpp).
     if (wanted) out.headers.push_back({std::string(name), std::string(f.value())});
-    if (iequals(name, "Location") && out.resource_id.empty()) out.resource_id = f.value();
+    if (iequals(name, "Location") && out.resource_id.empty()) {
+      out.resource_id = resource_id_from_location(f.value());
+    }
   }
   if (res.body().size() > rs.max_stored_body) {
     out.body_omitted = true;
@@ -134,15 +143,29 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   return out;
 }
 
-server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x) {
+// A recorded answer. `as_replay`: marked as one (a retry's answer); not marked when it is
+// the operation's first answer to reach a client (a backend that recorded other than what
+// it sent: the record wins).
+server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x,
+                        bool as_replay = true) {
   server::Response res{static_cast<http::status>(stored.status), x.version};
   for (const auto& h : stored.headers) res.insert(h.name, h.value);
-  res.set("Idempotent-Replayed", "true");
-  if (stored.body_omitted) res.set("Idempotent-Replay-Body", "omitted");
+  if (as_replay) res.set(std::string(kReplayedHeader), "true");
+  if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
   res.body() = stored.body;
   res.keep_alive(x.keep_alive);
   res.prepare_payload();
   return res;
+}
+
+// The request as every decision below reads it and as the backend receives it, made in
+// one place before anything is decided (gateway/inbound.hpp).
+std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
+  const auto check = check_inbound(x.request.base(), x.method, x.path, *x.runtime, x.route);
+  if (check.ok) return std::nullopt;
+  x.outcome = Outcome::rejected;
+  x.code = "bad_request";
+  return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
 // Times one store call and accounts its failure; the caller decides what a failure means.
@@ -177,12 +200,15 @@ struct LeaseKeeper {
   bool stopped = false;
 };
 
+// `backend_completes`: the backend may complete the record before it answers, after which a
+// renewal matches nothing without anything being fenced; the renewals then simply stop.
 std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
-                                                store::Ownership owner, Millis lease) {
+                                                store::Ownership owner, Millis lease,
+                                                bool backend_completes) {
   auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
   const Millis period = std::max(Millis{50}, lease / 3);
   auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), owner,
-                   lease, period]() -> asio::awaitable<void> {
+                   lease, period, backend_completes]() -> asio::awaitable<void> {
     // The first renewal is due now: the timer below has already waited one period.
     for (bool due = true; !keeper->stopped; due = false) {
       if (!due) {
@@ -202,6 +228,8 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         continue;
       }
       if (!*renewed) {
+        if (backend_completes) co_return;  // completed by the backend, or fenced: the
+                                           // answer's own step tells which
         // Another claim owns the row: our completion will be fenced too.
         metrics->fenced_write();
         spdlog::warn("lease renewal fenced: attempt {} (fencing token {}) no longer owns the record",
@@ -233,15 +261,11 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
     x.path = std::string(parts.path);
     x.query = std::string(parts.query);
   }
-  // The backend trusts these as the sidecar's word (dedupe, fencing): a client must never
-  // be able to supply them, on any route.
-  request.erase(std::string(kOperationIdHeader));
-  request.erase(std::string(kAttemptHeader));
-  request.erase(std::string(kFencingTokenHeader));
-
   server::Response res;
   x.route = x.runtime->match(x.method, x.path);
-  if (x.route) {
+  if (auto refused = inbound_refusal(x)) {
+    res = std::move(*refused);
+  } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
     x.outcome = Outcome::rejected;
@@ -305,7 +329,9 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   upstream::Request up;
   up.method_string(x.request.method_string());
   up.version(11);
-  up.target(up_settings.base_path + std::string(x.request.target()));
+  // "*" (OPTIONS) names the server as a whole, so no base path goes in front of it.
+  const std::string_view target = x.request.target();
+  up.target(target == "*" ? std::string(target) : up_settings.base_path + std::string(target));
   for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.
@@ -325,9 +351,11 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   }
   if (owner != nullptr) {
     if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
-    up.set(std::string(kOperationIdHeader), x.operation_id);
-    up.set(std::string(kAttemptHeader), std::to_string(owner->attempt));
-    up.set(std::string(kFencingTokenHeader), std::to_string(owner->fence));
+    const auto& rs = *x.route->settings;
+    set_owner_headers(up.base(), x.operation_id, *owner,
+                      rs.completion == settings::Completion::backend
+                          ? idempotency::record_reference(owner->fence, rs.retention, rs.scope, x.key)
+                          : std::string());
   }
   up.body() = std::move(x.request.body());
   up.prepare_payload();
@@ -509,6 +537,13 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
   x.check_principal = !cfg.tenant.principal_header.empty();
   if (x.check_principal) {
     const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
+    // Like the tenant, the principal is one value: with two, the backend and the record
+    // could each take a different one.
+    if (values.size() > 1) {
+      x.code = "principal_invalid";
+      return problem(x, http::status::unauthorized, x.code, "Principal invalid",
+                     "the principal header must be sent once");
+    }
     // Only a hash is stored: the record must not become a directory of user ids.
     x.principal = idempotency::sha256_hex(
         "idemproxy-principal\n" +
@@ -638,14 +673,16 @@ asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store
   const auto& rs = *x.route->settings;
   x.owner = owner;
   x.attempt = owner.attempt;
-  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease);
+  const bool backend_completes = rs.completion == settings::Completion::backend;
+  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease, backend_completes);
   x.upstream = co_await forward(x, &owner);
   keeper->stop();
   idempotency::Forwarded f;
   switch (x.upstream.failure) {
     case upstream::Failure::none:
       f.result = idempotency::UpstreamResult::answered;
-      f.storable = rs.store.stores(static_cast<int>(x.upstream.response.result_int()));
+      f.storable = storable(x);
+      if (backend_completes) f.backend = backend_record(x);
       break;
     case upstream::Failure::connect_failed:
       f.result = idempotency::UpstreamResult::not_sent;
@@ -660,6 +697,52 @@ asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store
       break;
   }
   co_return f;
+}
+
+// The route's `store` lists decide whether an answer is recorded, unless the backend says
+// otherwise for this one answer (X-Idempotency-Directive).
+bool Gateway::storable(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kDirectiveHeader);
+  const auto directive = idempotency::parse_directive(
+      values.empty() ? std::nullopt : std::optional<std::string_view>(values.front()));
+  if (values.size() > 1 || directive == idempotency::Directive::invalid) {
+    deps_.metrics->directive("invalid");
+    spdlog::warn("ignoring an invalid {} from the backend (route {}, key_hash {}); the route's "
+                 "store lists decide", kDirectiveHeader, rs.name, x.key_hash);
+  } else if (directive == idempotency::Directive::release) {
+    deps_.metrics->directive("release");
+    return false;
+  } else if (directive == idempotency::Directive::record) {
+    deps_.metrics->directive("record");
+    return true;
+  }
+  return rs.store.stores(static_cast<int>(res.result_int()));
+}
+
+// What a backend that completes in its own transaction says it recorded: the digest of
+// the answer, which must be the one of the answer it sent.
+idempotency::BackendRecord Gateway::backend_record(Exchange& x) {
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kRecordedHeader);
+  if (values.empty()) {
+    deps_.metrics->backend_completion("absent");
+    return idempotency::BackendRecord::none;
+  }
+  std::string_view location;
+  if (auto it = res.find(http::field::location); it != res.end()) location = it->value();
+  const auto digest = idempotency::answer_digest(static_cast<int>(res.result_int()),
+                                                 resource_id_from_location(location), res.body());
+  if (values.size() == 1 && trim(values.front()) == digest) {
+    deps_.metrics->backend_completion("confirmed");
+    return idempotency::BackendRecord::confirmed;
+  }
+  deps_.metrics->backend_completion("differed");
+  spdlog::warn("the backend recorded an answer other than the one it sent (route {}, attempt "
+               "{}, key_hash {}); the record wins",
+               x.route->settings->name, x.owner.attempt, x.key_hash);
+  return idempotency::BackendRecord::differs;
 }
 
 // The owner's writes wake the duplicates waiting in this process, whatever their outcome:
@@ -718,6 +801,14 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
     case Answer::released:
       x.outcome = Outcome::released;
       res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::backend_recorded:
+      if (!x.row || !x.row->response) {
+        res = store_unavailable(x, make_error_code(errc::store_protocol));
+        break;
+      }
+      x.outcome = Outcome::created;
+      res = replay(*x.row->response, x, /*as_replay=*/false);
       break;
     case Answer::not_sent:
       x.outcome = Outcome::released;

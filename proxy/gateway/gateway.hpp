@@ -54,6 +54,8 @@ class Gateway {
   asio::awaitable<idempotency::Event> take_over(Exchange& x, std::int64_t seen_fence);
   asio::awaitable<idempotency::Event> replace(Exchange& x, std::int64_t seen_fence);
   asio::awaitable<idempotency::Event> forward_as_owner(Exchange& x, store::Ownership owner);
+  bool storable(Exchange& x);
+  idempotency::BackendRecord backend_record(Exchange& x);
   asio::awaitable<idempotency::Event> release(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> expire_lease(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> complete(Exchange& x, std::int64_t fence);

@@ -33,6 +33,7 @@ Action Protocol::on(const Claimed& e, SteadyClock::time_point now) {
 }
 
 Action Protocol::on(const RowRead& e, SteadyClock::time_point now) {
+  if (phase_ == Phase::checking) return check_backend_record(e.row);
   if (phase_ != Phase::reading) return unexpected();
   return decide_on(e.row, now);
 }
@@ -62,12 +63,16 @@ Action Protocol::on(const Forwarded& e, SteadyClock::time_point) {
   if (phase_ != Phase::forwarding) return unexpected();
   switch (e.result) {
     case UpstreamResult::answered:
-      // The response goes out only after its record commits, so every later retry sees
-      // exactly what this client saw. Transient answers (5xx, 408, 425, 429 by default)
-      // must not stick to the key.
-      if (e.storable) return step(Phase::completing, Step::complete, owner_.fence);
-      pending_ = Answer::released;
-      return step(Phase::releasing, Step::release, owner_.fence);
+      // A backend that recorded this very answer in its own transaction has done the
+      // completion: the record committed before the response was sent.
+      if (e.backend == BackendRecord::confirmed) return finish(Answer::recorded);
+      // One that recorded something else: the record wins, but only the row can tell
+      // whether that record is this claim's.
+      if (e.backend == BackendRecord::differs) {
+        storable_ = e.storable;
+        return step(Phase::checking, Step::read);
+      }
+      return record_or_release(e.storable);
     case UpstreamResult::not_sent:
       // Nothing reached the backend: free the key so the retry starts clean.
       pending_ = Answer::not_sent;
@@ -109,6 +114,10 @@ Action Protocol::on(const Completed& e, SteadyClock::time_point now) {
 
 Action Protocol::on(const StoreFailed&, SteadyClock::time_point) {
   switch (phase_) {
+    case Phase::checking:
+      // The backend says it recorded an answer; which one is not known: no answer goes out
+      // that a retry might not replay.
+      return finish(Answer::unrecorded);
     case Phase::claiming:
     case Phase::reading:
     case Phase::acquiring:
@@ -166,6 +175,24 @@ Action Protocol::decide_on(const std::optional<RowView>& row, SteadyClock::time_
                          decision.step == Step::take_over;
   if (role_ == Role::fenced_owner && would_own) return finish(Answer::fenced_unrecorded);
   return decision;
+}
+
+// The response goes out only after its record commits, so every later retry sees exactly
+// what this client saw. Transient answers (5xx, 408, 425, 429 by default, or the backend's
+// "release") must not stick to the key.
+Action Protocol::record_or_release(bool storable) {
+  if (storable) return step(Phase::completing, Step::complete, owner_.fence);
+  pending_ = Answer::released;
+  return step(Phase::releasing, Step::release, owner_.fence);
+}
+
+// The backend recorded an answer other than the one it sent. Completed under this claim's
+// fence: that record is the operation's answer, and the client gets it. Otherwise the
+// backend recorded nothing of this claim after all (its transaction rolled back, or the
+// marker lied): the sidecar completes or releases as usual, fenced if need be.
+Action Protocol::check_backend_record(const std::optional<RowView>& row) {
+  if (row && row->completed && row->fence == owner_.fence) return finish(Answer::backend_recorded);
+  return record_or_release(storable_);
 }
 
 Action Protocol::own(const store::Ownership& owner) {
@@ -238,6 +265,7 @@ std::string_view to_string(Answer a) {
     case Answer::none: return "none";
     case Answer::replay: return "replay";
     case Answer::recorded: return "recorded";
+    case Answer::backend_recorded: return "backend_recorded";
     case Answer::released: return "released";
     case Answer::not_sent: return "not_sent";
     case Answer::timed_out: return "timed_out";

@@ -56,9 +56,16 @@ enum class UpstreamResult {
   unknown,   // timeout or reset after sending: the backend may have acted
   invalid,   // malformed or too large a response: the backend may have acted
 };
+// On a route with `completion: backend`, what the backend said of its own record.
+enum class BackendRecord {
+  none,       // it did not record the answer: the sidecar completes as usual
+  confirmed,  // it recorded this very answer (the digest it sent back matches)
+  differs,    // it says it recorded, but the digest is not this answer's
+};
 struct Forwarded {  // forward
   UpstreamResult result = UpstreamResult::answered;
-  bool storable = false;
+  bool storable = false;  // the route's `store` lists, or the backend's directive
+  BackendRecord backend = BackendRecord::none;
 };
 struct Written {  // release, expire lease
   bool written = false;  // false: fenced, another claim owns the record
@@ -92,6 +99,8 @@ enum class Answer {
   none,
   replay,             // the row last read: its stored response
   recorded,           // the upstream's response, now recorded (outcome created)
+  backend_recorded,   // the record the backend wrote, which is not the answer it sent: the
+                      // record wins (the row last read holds it)
   released,           // the upstream's response, not recorded: the key was released
   not_sent,           // 502: the upstream refused the connection; the key was released
   timed_out,          // 504: outcome unknown; the lease was ended so a retry takes over
@@ -141,8 +150,8 @@ class Protocol {
 
  private:
   enum class Phase {
-    start, claiming, reading, acquiring, watching, waiting, forwarding, releasing, expiring,
-    completing, done
+    start, claiming, reading, acquiring, watching, waiting, forwarding, checking, releasing,
+    expiring, completing, done
   };
   enum class Role { duplicate, fenced_owner };
 
@@ -158,6 +167,8 @@ class Protocol {
   Action on(const StoreFailed&, SteadyClock::time_point now);
 
   Action decide_on(const std::optional<RowView>& row, SteadyClock::time_point now);
+  Action check_backend_record(const std::optional<RowView>& row);
+  Action record_or_release(bool storable);
   Action own(const store::Ownership& owner);
   Action settle_fenced(Fenced what, SteadyClock::time_point now);
   Action step(Phase next, Step what, std::int64_t fence = 0);
@@ -175,6 +186,7 @@ class Protocol {
   int rounds_ = 0;
   int completion_failures_ = 0;
   Answer pending_ = Answer::none;  // the answer a release or lease expiry leads to
+  bool storable_ = false;          // while checking a backend's record: the route's choice
   Fenced fenced_ = Fenced::no;
 };
 

@@ -50,6 +50,11 @@ class Metrics {
   // A fenced owner's answer, from the record: "replayed", "in_progress", "key_reused",
   // "forbidden" or "unavailable" (idemproxy_fenced_answers_total{answer}).
   void fenced_answer(std::string_view answer);
+  // `completion: backend` routes: what the backend's X-Idempotency-Recorded said of an
+  // answer — "confirmed", "differed" or "absent" (the sidecar completed it).
+  void backend_completion(std::string_view result);
+  // Backend directives seen: "release", "record", "invalid" (ignored).
+  void directive(std::string_view directive);
   void lease_renewal();
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
@@ -63,6 +68,8 @@ class Metrics {
   std::uint64_t takeovers() const;
   std::uint64_t fenced_writes() const;
   std::uint64_t fenced_answers(std::string_view answer) const;
+  std::uint64_t backend_completions(std::string_view result) const;
+  std::uint64_t directives(std::string_view directive) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;
 

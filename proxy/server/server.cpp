@@ -37,7 +37,9 @@
 #include <boost/beast/http/write.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/message_parser.hpp"
 #include "server/framing.hpp"
+#include "server/request_head.hpp"
 
 namespace idem::server {
 namespace detail {
@@ -61,6 +63,11 @@ constexpr Millis kLingerTime{2000};
 constexpr std::size_t kLingerMaxBytes = 1u << 20;
 // accept() failing for lack of descriptors would otherwise spin the loop at 100% CPU.
 constexpr Millis kAcceptBackoff{50};
+// While a body is read, the buffer holds at most the metadata budget (max_header_bytes)
+// plus this much unparsed input: room for the chunk-size digits and line ends around
+// extensions and trailer fields that are within the budget.
+constexpr std::size_t kChunkLineSlack = 256;
+constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
 
 std::atomic<std::uint64_t> g_next_connection_id{1};
 
@@ -207,6 +214,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
 
   settings::Limits limits() const { return limits_ ? limits_() : settings::Limits{}; }
+  const ListenerOptions& options() const noexcept { return options_; }
   const Handler& handler() const noexcept { return handler_; }
   bool draining() const noexcept { return draining_; }
 
@@ -302,6 +310,9 @@ class Session : public std::enable_shared_from_this<Session> {
   asio::awaitable<void> refuse(http::status status, std::string_view code, std::string_view title,
                                std::string_view detail, unsigned version,
                                const RequestContext& ctx, Millis write_timeout);
+  asio::awaitable<void> refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                    const settings::Limits& limits, unsigned version,
+                                    const RequestContext& ctx);
   asio::awaitable<void> lingering_close();
 
   void arm(Millis after, Deadline kind);
@@ -528,6 +539,40 @@ asio::awaitable<void> Session::refuse(http::status status, std::string_view code
   }
 }
 
+// The answer to a body read that failed or timed out, in the contract's order: the
+// deadline, the body limit, the chunk metadata budget (common/message_parser.hpp), then
+// anything else the parser refused; a client that simply went away gets no answer.
+asio::awaitable<void> Session::refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                           const settings::Limits& limits, unsigned version,
+                                           const RequestContext& ctx) {
+  if (timed_out_) {
+    co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                    "the request body was not received in time", version, ctx,
+                    limits.body_timeout);
+  } else if (ec == http::error::body_limit) {
+    co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                    "the request body exceeds " + std::to_string(limits.max_request_body) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::trailer) {
+    co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                    "Request Header Fields Too Large",
+                    "the request trailer exceeds " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::chunk_extensions) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "the chunk extensions exceed " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (is_malformed(ec)) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "malformed request body", version, ctx, limits.body_timeout);
+  } else {
+    close_now();
+  }
+}
+
 asio::awaitable<void> Session::lingering_close() {
   error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);
@@ -564,6 +609,9 @@ asio::awaitable<Response> Session::call_handler(Request& req, const RequestConte
                          req.version(), req.keep_alive());
 }
 
+// One request after another, as its phases in order (idle wait, header, framing and head
+// rules, body, handler, response): kept in one coroutine so that each phase's deadline and
+// refusal stand next to the read they guard.
 asio::awaitable<void> Session::serve() {
   for (;;) {
     // Read per request so a reload applies to the next request on open connections too.
@@ -595,7 +643,9 @@ asio::awaitable<void> Session::serve() {
     // 2. The header, under the header timeout and size limit. The body limit is lifted
     //    here: Beast would otherwise report an oversized Content-Length before we had a
     //    chance to refuse ambiguous framing, and the contract ranks 400 above 413.
-    http::request_parser<http::string_body> parser;
+    //    Chunk extensions and trailer fields share a budget of max_header_bytes, and
+    //    trailer fields never join the header (common/message_parser.hpp).
+    http_parse::MessageParser<true> parser(limits.max_header_bytes);
     parser.header_limit(clamp_u32(limits.max_header_bytes));
     parser.body_limit(boost::none);
     arm(limits.header_timeout, Deadline::read);
@@ -634,6 +684,14 @@ asio::awaitable<void> Session::serve() {
                       version, ctx, limits.body_timeout);
       co_return;
     }
+    // Host rules, the one target normalization and the combined Connection field: from
+    // here on every reader of the header sees the same request (server/request_head.hpp).
+    if (const HeadCheck head = prepare_request_head(parser.get(), owner_->options().normalize_target);
+        !head.ok) {
+      co_await refuse(http::status::bad_request, "bad_request", "Bad Request", head.problem,
+                      version, ctx, limits.body_timeout);
+      co_return;
+    }
     if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
       co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
                       "the request body exceeds " + std::to_string(limits.max_request_body) +
@@ -654,30 +712,25 @@ asio::awaitable<void> Session::serve() {
         if (cec || timed_out_) break;
       }
       parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
+      // Beast's parser waits for a whole chunk line, and for the whole trailer section,
+      // before it looks at them; an extension or a trailer field that never ends would
+      // otherwise grow the buffer until the body timeout. Capped, the read fails with
+      // buffer_overflow instead. Body bytes are consumed as they arrive, so only such
+      // unfinished metadata ever fills it; bytes already buffered (pipelined) may exceed
+      // the cap, they are parsed before anything more is read.
+      buffer_.max_size(std::max(buffer_.size(), limits.max_header_bytes + kChunkLineSlack));
       arm(limits.body_timeout, Deadline::read);
       auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
       disarm();
-      if (timed_out_) {
-        co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
-                        "the request body was not received in time", version, ctx,
-                        limits.body_timeout);
-        co_return;
-      }
-      if (bec == http::error::body_limit) {
-        co_await refuse(http::status::payload_too_large, "request_too_large",
-                        "Content Too Large",
-                        "the request body exceeds " + std::to_string(limits.max_request_body) +
-                            " bytes",
-                        version, ctx, limits.body_timeout);
-        co_return;
-      }
-      if (bec) {
-        if (is_malformed(bec)) {
-          co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                          "malformed request body", version, ctx, limits.body_timeout);
-        } else {
-          close_now();
+      buffer_.max_size(kUnbounded);
+      if (timed_out_ || bec) {
+        auto overflow = parser.overflow();
+        if (bec == http::error::buffer_overflow) {
+          const auto pending = buffer_.cdata();
+          overflow = http_parse::pending_overflow(
+              std::string_view(static_cast<const char*>(pending.data()), pending.size()));
         }
+        co_await refuse_body(bec, overflow, limits, version, ctx);
         co_return;
       }
     }

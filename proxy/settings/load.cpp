@@ -556,7 +556,8 @@ void parse_store(const Loader& L, const Item& it, StoreSettings& s) {
 bool is_framing_header(std::string_view name) {
   static const std::set<std::string> kNames{
       "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
-      "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body"};
+      "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body",
+      "x-idempotency-recorded", "x-idempotency-directive"};
   return kNames.count(lower(name)) != 0;
 }
 
@@ -576,7 +577,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   RouteSettings r;
   Map m(L, it, {"name", "method", "path", "scope", "key", "fingerprint", "retention", "lease",
                 "wait", "retry_after", "mismatch_status", "store", "replay_headers",
-                "max_stored_body"});
+                "max_stored_body", "completion"});
   const auto name = m.required("name");
   r.name = L.text(name);
   if (!is_route_name(r.name)) {
@@ -633,12 +634,18 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     r.replay_headers = L.header_list(*v);
     for (const auto& h : L.list(*v)) {
       if (is_framing_header(h.node.Scalar())) {
-        L.fail(h, "'" + h.node.Scalar() + "' is set by the proxy for each response and cannot be replayed");
+        L.fail(h, "'" + h.node.Scalar() +
+                      "' frames one response or is one of idemproxy's own fields; it cannot be "
+                      "replayed");
       }
     }
   }
   // One record is one bytea read in one statement; PostgreSQL refuses values of 1GB.
   if (auto v = m.get("max_stored_body")) r.max_stored_body = L.size(*v, 0, 512 * MiB);
+  if (auto v = m.get("completion")) {
+    r.completion = L.choice<Completion>(
+        *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
+  }
 
   if (r.retention < r.lease) {
     L.fail(lines.retention, it.path + ".retention",

@@ -357,6 +357,7 @@ std::string render_effective(const Settings& s) {
     line(6, "except", status_list(except));
     line(4, "replay_headers", flow_list(r.replay_headers));
     line(4, "max_stored_body", format_size(r.max_stored_body));
+    line(4, "completion", r.completion == Completion::backend ? "backend" : "sidecar");
   }
   return o;
 }

@@ -114,6 +114,10 @@ struct StoreSettings {
   bool stores(int status) const;  // in statuses and not in except
 };
 
+// Who writes a completed record: the sidecar after the backend answered (default), or the
+// backend itself, inside the transaction of its own writes (docs/backend.md).
+enum class Completion { sidecar, backend };
+
 struct RouteSettings {
   std::string name;
   std::string method;   // upper-case token
@@ -129,6 +133,7 @@ struct RouteSettings {
   StoreSettings store;
   std::vector<std::string> replay_headers{"Content-Type", "Location", "ETag"};
   std::size_t max_stored_body = 1u << 20;
+  Completion completion = Completion::sidecar;
   // Line of the route's fingerprint section (or of the route) in the file, so errors found
   // when the route is compiled still name a line. 0 when not loaded from a file.
   int source_line = 0;

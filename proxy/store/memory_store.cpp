@@ -67,8 +67,9 @@ asio::awaitable<result<ClaimResult>> MemoryStore::claim(const ClaimRequest& req)
   row->lease_expires_at = now + req.lease;
   row->created_at = now;
   row->expires_at = now + std::max(req.retention, req.lease);
+  const Ownership owner{1, fence, epoch_us(row->created_at), epoch_us(row->expires_at)};
   rows_.emplace(std::move(key), std::move(row));
-  co_return ClaimResult{true, Ownership{1, fence}};
+  co_return ClaimResult{true, owner};
 }
 
 asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId& id) {
@@ -117,7 +118,8 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::take_over(
   row.fence = ++last_fence_;
   row.lease_expires_at = now + lease;
   row.expires_at = std::max(row.expires_at, now + lease);
-  co_return std::optional<Ownership>{Ownership{row.attempt, row.fence}};
+  co_return std::optional<Ownership>{
+      Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
 }
 
 asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
@@ -143,7 +145,8 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
   fresh.created_at = now;
   fresh.expires_at = now + std::max(req.retention, req.lease);
   row = std::move(fresh);
-  co_return std::optional<Ownership>{Ownership{row.attempt, row.fence}};
+  co_return std::optional<Ownership>{
+      Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
 }
 
 asio::awaitable<result<Completion>> MemoryStore::complete(const RecordId& id, std::int64_t fence,

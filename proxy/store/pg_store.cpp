@@ -46,7 +46,9 @@ VALUES ($1, $2, $3, $4, $5, 'in_progress', 1,
                  now() + $6::bigint * interval '1 millisecond'),
         nextval('idempotency_fencing_tokens'))
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
-RETURNING attempt_token, fencing_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
 // Column order is part of the contract with decode_record() below.
 constexpr const char* kReadSql = R"sql(
@@ -87,7 +89,9 @@ WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND state = 'in_progress'
   AND fencing_token = $4::bigint
   AND lease_expires_at <= now()
-RETURNING attempt_token, fencing_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
 // Every column is reset: nothing of the expired operation may leak into the new one. The
 // attempt keeps counting up (backends that compare attempts of one operation id see it
@@ -114,7 +118,9 @@ WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $8::bigint
   AND expires_at <= now()
   AND (state = 'completed' OR lease_expires_at <= now())
-RETURNING attempt_token, fencing_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
 // The owner writes (complete, release, renew, expire lease) are conditioned on the fencing
 // token of the caller's claim, which no other claim of this key ever carried: a stale owner
@@ -293,13 +299,16 @@ result<Record> decode_record(const pg::Result& r) {
   return rec;
 }
 
-// RETURNING attempt_token, fencing_token: one row = the write happened.
+// RETURNING attempt_token, fencing_token, created_at, expires_at: one row = the write
+// happened.
 result<std::optional<Ownership>> returned_ownership(const pg::Result& r) {
   if (r.rows() == 0) return std::optional<Ownership>{};
   const auto attempt = r.int64(0, 0);
   const auto fence = r.int64(0, 1);
-  if (r.columns() != 2 || !attempt || !fence) return bad_row();
-  return std::optional<Ownership>{Ownership{*attempt, *fence}};
+  const auto created = r.int64(0, 2);
+  const auto expires = r.int64(0, 3);
+  if (r.columns() != 4 || !attempt || !fence || !created || !expires) return bad_row();
+  return std::optional<Ownership>{Ownership{*attempt, *fence, *created, *expires}};
 }
 
 }  // namespace

@@ -40,9 +40,14 @@ enum class State { in_progress, completed };
 //             never the same for two claims of a key over its whole life (across release,
 //             lease expiry, takeover, replacement after retention and purge), so an owner
 //             of an earlier claim can never write to a later one (X-Idempotency-Fencing-Token).
+// The record's lifetime comes along, from the database clock, for the backend
+// (X-Idempotency-Record-Created / -Expires): a takeover keeps created_at, a replacement
+// after retention starts a new one.
 struct Ownership {
   std::int64_t attempt = 0;
   std::int64_t fence = 0;
+  std::int64_t created_at_us = 0;  // Unix epoch microseconds
+  std::int64_t expires_at_us = 0;  // as of this claim; a completion sets it anew
   friend bool operator==(const Ownership&, const Ownership&) = default;
 };
 

@@ -14,6 +14,7 @@
 // lazy (see Connection::arm), and the request head is written by hand in one buffer
 // rather than through Beast's serializer.
 #include "common/http_head.hpp"
+#include "common/message_parser.hpp"
 #include "upstream/client.hpp"
 
 #include <sys/socket.h>
@@ -43,6 +44,11 @@ using tcp = asio::ip::tcp;
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 // Above this, a pooled connection gives its buffers back before going idle.
 constexpr std::size_t kKeepBufferBytes = 64 * 1024;
+// The read buffer never holds more unparsed input than the header limit plus this: body
+// bytes are consumed as they arrive, so only an unfinished header, chunk line or trailer
+// section could fill it (a chunk extension or trailer that never ends would otherwise
+// grow it until the response timeout).
+constexpr std::size_t kReadBufferSlack = 64 * 1024;
 
 std::string strip_brackets(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -73,9 +79,11 @@ bool still_usable(tcp::socket& socket) noexcept {
 }
 
 Failure classify_read_error(const error_code& ec) noexcept {
-  if (ec == http::error::body_limit || ec == http::error::header_limit) {
-    // The header limit is reported as "too large" as well: the backend did answer, and
-    // what it sent was bigger than we accept.
+  if (ec == http::error::body_limit || ec == http::error::header_limit ||
+      ec == http::error::buffer_overflow) {
+    // The header limit (and the trailer and extension budget, and the buffer cap) is
+    // reported as "too large" as well: the backend did answer, and what it sent was bigger
+    // than we accept.
     return Failure::response_too_large;
   }
   if (ec == http::error::end_of_stream || ec == http::error::partial_message) {
@@ -375,8 +383,11 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     co_return out;
   }
 
+  conn->buffer.max_size(pool.options.max_response_header + kReadBufferSlack);
   for (;;) {
-    http::response_parser<http::string_body> parser;
+    // Trailer fields of a chunked response are dropped rather than merged into the header
+    // (common/message_parser.hpp); with chunk extensions they share the header's limit.
+    http_parse::MessageParser<false> parser(pool.options.max_response_header);
     parser.header_limit(static_cast<std::uint32_t>(
         std::min<std::size_t>(pool.options.max_response_header, UINT32_MAX)));
     parser.body_limit(pool.options.max_response_body);
@@ -400,7 +411,14 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     // Pool the connection only when the exchange ended exactly at a message boundary
     // that both sides agree on: a close-delimited body, "Connection: close" or stray
     // bytes after the response all mean the stream cannot carry another request.
-    const bool reusable = parser.keep_alive() && !parser.need_eof() && conn->buffer.size() == 0;
+    // Neither does a response whose framing forbids a body (204, 304, any answer to
+    // HEAD): a backend that sends one anyway leaves those bytes on the connection, maybe
+    // only after we looked, and the next request would read them as its own response
+    // (a 502 for a request the backend ran, or another request's answer recorded as its
+    // own). Such answers are rare on protected routes; a new connection costs less.
+    const bool bodiless = head || status == 204 || status == 304;
+    const bool reusable = parser.keep_alive() && !parser.need_eof() && !bodiless &&
+                          conn->buffer.size() == 0;
     out.response = parser.release();
     if (reusable) pool.give_back(std::move(conn));  // conn is null now: nothing to close
     co_return out;

@@ -16,6 +16,7 @@
 #include <spdlog/spdlog.h>
 
 #include "admin/admin.hpp"
+#include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
 
@@ -294,7 +295,7 @@ TEST_CASE("token comparison and bearer parsing") {
 }
 
 TEST_CASE("timestamps are RFC 3339 UTC with microseconds") {
-  using admin::detail::rfc3339_from_us;
+  using idem::rfc3339_from_us;
   CHECK(rfc3339_from_us(0) == "1970-01-01T00:00:00.000000Z");
   CHECK(rfc3339_from_us(1'700'000'000'123'456) == "2023-11-14T22:13:20.123456Z");
   CHECK(rfc3339_from_us(-1) == "1969-12-31T23:59:59.999999Z");

@@ -17,8 +17,10 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/time_text.hpp"
 #include "gateway/caching_store.hpp"
 #include "gateway/gateway.hpp"
+#include "idempotency/backend_completion.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
 
@@ -956,4 +958,268 @@ TEST_CASE("with the replay cache: another principal is refused from memory too")
   CHECK(f.call(as("alice"))["Idempotent-Replayed"] == "true");
   CHECK(f.probe.claims == claims);  // both decided on the cached record
   CHECK(f.metrics.replay_cache_hits() == 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Request hardening (issue 10): what the gateway decides by is what the backend receives.
+
+TEST_CASE("look-alikes of the tenant and trusted headers never reach the backend") {
+  Fixture f;
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X_Tenant_Id", "victim");
+  req.insert("X_Idempotency_Operation_Id", "forged");
+  req.insert("X_Idempotency_Attempt", "99");
+  req.insert("Idempotency_Key", "other");
+  CHECK(f.call(std::move(req)).result_int() == 201);
+  server::Request other{http::verb::get, "/health", 11};
+  other.insert("X_Idempotency_Attempt", "99");
+  other.insert("X_Tenant_Id", "victim");
+  f.call(std::move(other));
+  REQUIRE(f.upstream.calls.size() == 2);
+  for (const auto& sent : f.upstream.calls) {
+    for (const auto& field : sent) CHECK(std::string(field.name_string()).find('_') == std::string::npos);
+  }
+  CHECK(f.upstream.calls[0]["X-Tenant-Id"] == "t1");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
+}
+
+TEST_CASE("Connection naming a decided header is refused before anything is claimed") {
+  Fixture f;
+  for (const char* option : {"X-Tenant-Id", "Idempotency-Key", "Host", "Content-Type"}) {
+    CAPTURE(option);
+    auto req = Fixture::order("k1", kBody);
+    req.set(http::field::connection, std::string("keep-alive, ") + option);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  server::Request other{http::verb::get, "/health", 11};
+  other.set("X-Tenant-Id", "t1");
+  other.set(http::field::connection, "X-Tenant-Id");
+  CHECK(f.call(std::move(other)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a repeated principal header is refused") {
+  Fixture f;
+  auto s = std::make_shared<settings::Settings>(f.holder->load()->settings());
+  s->tenant.principal_header = "X-User-Id";
+  f.configure(*s);
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X-User-Id", "alice");
+  req.insert("X-User-Id", "bob");
+  auto res = f.call(std::move(req));
+  CHECK(res.result_int() == 401);
+  CHECK(problem_code(res) == "principal_invalid");
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a target that resembles a route is refused, not passed through unprotected") {
+  Fixture f;
+  for (const char* target : {"//orders", "/orders/", "/Orders", "/orders;x=1"}) {
+    CAPTURE(target);
+    auto req = Fixture::order("k1", kBody);
+    req.target(target);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  auto lower = Fixture::order("k1", kBody);
+  lower.method_string("post");
+  CHECK(f.call(std::move(lower)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+  server::Request get{http::verb::get, "/orders/", 11};
+  CHECK(f.call(std::move(get)).result_int() == 201);  // another method: not the route
+}
+
+TEST_CASE("a backend's own replay markers are stripped from the first answer and not recorded") {
+  Fixture f;
+  f.route().replay_headers.push_back("Idempotent-Replayed");
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotent-Replayed", "true");
+    out.response.set("Idempotent-Replay-Body", "omitted");
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first.count("Idempotent-Replayed") == 0);
+  CHECK(first.count("Idempotent-Replay-Body") == 0);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  for (const auto& h : row->response->headers) CHECK(h.name.find("Idempotent") == std::string::npos);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.count("Idempotent-Replayed") == 1);
+  CHECK(replay.count("Idempotent-Replay-Body") == 0);
+  CHECK_FALSE(replay.body().empty());
+}
+
+TEST_CASE("a Location that is not UTF-8 is recorded exactly; the resource id is text") {
+  Fixture f;
+  const std::string location = "/orders/\xff\xfe-\x80";
+  f.upstream.scripts.push_back([location](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set(http::field::location, location);
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first[http::field::location] == location);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  CHECK(row->response->resource_id == "/orders/%FF%FE-%80");
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay[http::field::location] == location);
+}
+
+// ---- completion: backend ---------------------------------------------------------------------
+
+namespace {
+
+// The fencing token of an X-Idempotency-Record reference (v1.<fence>.<ms>.<scope>.<key>).
+std::int64_t fence_of_reference(std::string_view ref) {
+  const auto a = ref.find('.');
+  const auto b = ref.find('.', a + 1);
+  return std::stoll(std::string(ref.substr(a + 1, b - a - 1)));
+}
+
+// A backend that completes the record in its own "transaction" (here: the in-memory store,
+// under the fence its reference names) and says so with the digest of what it recorded.
+// `recorded_body`: what it records; the response carries `sent_body`.
+upstream::Outcome backend_recording(Fixture& f, const upstream::Request& req, int seq,
+                                    std::string recorded_body, std::string sent_body,
+                                    bool say_recorded = true) {
+  auto out = ScriptedUpstream::created(seq, req);
+  out.response.body() = sent_body;
+  out.response.prepare_payload();
+  store::StoredResponse rec;
+  rec.status = 201;
+  rec.headers = {{"Content-Type", "application/json"}};
+  rec.body = recorded_body;
+  rec.resource_id = "/orders/ord-" + std::to_string(seq);
+  const store::RecordId id{std::string(req["X-Tenant-Id"]), "POST /orders",
+                           std::string(req["Idempotency-Key"])};
+  const auto fence = fence_of_reference(req["X-Idempotency-Record"]);
+  std::optional<store::Completion> done;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    done = (co_await f.store.complete(id, fence, rec, Millis{3600000})).value();
+  }, asio::detached);
+  // The store answers without suspending: the completion has run by now.
+  REQUIRE(done == store::Completion::recorded);
+  if (say_recorded) {
+    out.response.set("X-Idempotency-Recorded",
+                      idempotency::answer_digest(201, rec.resource_id, recorded_body));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("completion: backend — a record the backend confirms costs the sidecar no write") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  f.upstream.scripts.push_back([&](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    co_return backend_recording(f, req, seq, "{\"order\":1}", "{\"order\":1}");
+  });
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 201);
+  CHECK(res.body() == "{\"order\":1}");
+  CHECK(res["X-Idempotency-Recorded"].empty());  // the backend's control field stays here
+  CHECK(f.probe.completes == 0);
+  const auto& sent = f.upstream.calls.front();
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(sent["X-Idempotency-Record"] ==
+        idempotency::record_reference(row->fence, f.route().retention, "POST /orders", "k1"));
+  CHECK(sent["X-Idempotency-Record-Created"] == rfc3339_from_us(row->created_at_us));
+  CHECK_FALSE(sent["X-Idempotency-Record-Expires"].empty());
+  CHECK(f.metrics.backend_completions("confirmed") == 1);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == "{\"order\":1}");
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+TEST_CASE("completion: backend — a backend that recorded another answer is counted; the record wins") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  f.upstream.scripts.push_back([&](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    co_return backend_recording(f, req, seq, "{\"order\":\"recorded\"}", "{\"order\":\"sent\"}");
+  });
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 201);
+  CHECK(res.body() == "{\"order\":\"recorded\"}");  // what every retry will get
+  CHECK(res["Idempotent-Replayed"].empty());
+  CHECK(f.probe.completes == 0);
+  CHECK(f.metrics.backend_completions("differed") == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+  CHECK(f.call(Fixture::order("k1", kBody)).body() == res.body());
+}
+
+TEST_CASE("completion: backend — a backend that did not record leaves it to the sidecar") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  auto res = f.call(Fixture::order("k1", kBody));  // the scripted default records nothing
+  CHECK(res.result_int() == 201);
+  CHECK(f.probe.completes == 1);
+  CHECK(f.row("k1")->state == store::State::completed);
+  CHECK(f.metrics.backend_completions("absent") == 1);
+}
+
+TEST_CASE("completion: sidecar — no record reference is forwarded, and the sidecar writes") {
+  Fixture f;
+  f.call(Fixture::order("k1", kBody));
+  const auto& sent = f.upstream.calls.front();
+  CHECK(sent.find("X-Idempotency-Record") == sent.end());
+  CHECK_FALSE(sent["X-Idempotency-Record-Created"].empty());  // the lifetime goes everywhere
+  CHECK(f.probe.completes == 1);
+  CHECK(f.metrics.backend_completions("absent") == 0);
+}
+
+TEST_CASE("a backend directive releases or records one answer against the route's lists") {
+  Fixture f;
+  SUBCASE("release: a 201 that must not be remembered (e.g. validation)") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 201);
+      out.response.set("X-Idempotency-Directive", "release");
+      co_return out;
+    });
+    auto res = f.call(Fixture::order("k1", kBody));
+    CHECK(res.result_int() == 201);
+    CHECK(res["X-Idempotency-Directive"].empty());
+    CHECK_FALSE(f.row("k1").has_value());  // released
+    CHECK(f.metrics.directives("release") == 1);
+    CHECK(f.metrics.requests("create-order", obs::Outcome::released) == 1);
+  }
+  SUBCASE("record: a 503 that is a deterministic rejection") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 503);
+      out.response.set("X-Idempotency-Directive", "Record");
+      co_return out;
+    });
+    auto res = f.call(Fixture::order("k1", kBody));
+    CHECK(res.result_int() == 503);
+    const auto row = f.row("k1");
+    REQUIRE(row);
+    CHECK(row->state == store::State::completed);
+    CHECK(row->response->status == 503);
+    REQUIRE(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
+    CHECK(f.metrics.directives("record") == 1);
+  }
+  SUBCASE("anything else is ignored, counted, and the route's lists decide") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 201);
+      out.response.set("X-Idempotency-Directive", "forget-it");
+      co_return out;
+    });
+    f.call(Fixture::order("k1", kBody));
+    CHECK(f.row("k1")->state == store::State::completed);
+    CHECK(f.metrics.directives("invalid") == 1);
+  }
 }

@@ -447,3 +447,44 @@ TEST_CASE("every decision on a read row leads to its step, for both roles") {
     }
   }
 }
+
+// ---- completion: backend ------------------------------------------------------------------
+
+TEST_CASE("backend completion: a confirmed record needs no store call") {
+  Run r = owner_forwarding(41);
+  Forwarded f{UpstreamResult::answered, true, BackendRecord::confirmed};
+  check_answer(r(f), Answer::recorded);
+}
+
+TEST_CASE("backend completion: a confirmed record stands even for a status the route would not store") {
+  Run r = owner_forwarding(41);
+  Forwarded f{UpstreamResult::answered, false, BackendRecord::confirmed};
+  check_answer(r(f), Answer::recorded);
+}
+
+TEST_CASE("backend completion: a record other than the answer sent is read, and the record wins") {
+  Run r = owner_forwarding(41);
+  CHECK(r(Forwarded{UpstreamResult::answered, true, BackendRecord::differs}).step == Step::read);
+  SUBCASE("completed under this claim's fence: the record is the answer") {
+    check_answer(r(RowRead{completed(kFp, 41)}), Answer::backend_recorded);
+  }
+  SUBCASE("still in progress (nothing recorded after all): the sidecar completes") {
+    const auto complete = r(RowRead{running(10s, 41)});
+    CHECK(complete.step == Step::complete);
+    CHECK(complete.fence == 41);
+    check_answer(r(Completed{Completion::recorded}), Answer::recorded);
+  }
+  SUBCASE("not storable and not recorded: released as usual") {
+    Run t = owner_forwarding(41);
+    REQUIRE(t(Forwarded{UpstreamResult::answered, false, BackendRecord::differs}).step == Step::read);
+    CHECK(t(RowRead{running(10s, 41)}).step == Step::release);
+  }
+  SUBCASE("completed by another claim: the sidecar's completion is fenced, then replays") {
+    REQUIRE(r(RowRead{completed(kFp, 50)}).step == Step::complete);
+    REQUIRE(r(Completed{Completion::fenced}).step == Step::read);
+    check_answer(r(RowRead{completed(kFp, 50)}), Answer::replay, Fenced::completion, true);
+  }
+  SUBCASE("the store does not answer: 503, no answer that a retry might not replay") {
+    check_answer(r(StoreFailed{}), Answer::unrecorded);
+  }
+}

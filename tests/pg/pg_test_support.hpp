@@ -80,6 +80,13 @@ inline std::string conninfo_with_dbname(const std::string& conninfo, const std::
 
 using Row = std::vector<std::optional<std::string>>;
 
+// A failed statement, with its SQLSTATE for tests that check which error it was.
+struct SqlError : std::runtime_error {
+  SqlError(const std::string& message, std::string state)
+      : std::runtime_error(message), sqlstate(std::move(state)) {}
+  std::string sqlstate;
+};
+
 // A blocking connection for test set-up and inspection.
 class Sql {
  public:
@@ -103,8 +110,10 @@ class Sql {
     const ExecStatusType st = PQresultStatus(r);
     if (st != PGRES_TUPLES_OK && st != PGRES_COMMAND_OK) {
       std::string msg = PQresultErrorMessage(r);
+      const char* state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      std::string sqlstate = state != nullptr ? state : "";
       PQclear(r);
-      throw std::runtime_error("test SQL failed: " + sql + ": " + msg);
+      throw SqlError("test SQL failed: " + sql + ": " + msg, std::move(sqlstate));
     }
     std::vector<Row> out;
     for (int i = 0; i < PQntuples(r); ++i) {

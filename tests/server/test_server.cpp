@@ -148,6 +148,12 @@ class Harness {
     Response res{http::status::ok, req.version()};
     res.set(http::field::content_type, "text/plain");
     res.body() = std::string(req.target()) + ":" + req.body();
+    if (req.target().starts_with("/fields")) {
+      // The header exactly as the handler received it, one "name: value" per line.
+      for (const auto& f : req) {
+        res.body() += "\n" + std::string(f.name_string()) + ": " + std::string(f.value());
+      }
+    }
     res.prepare_payload();
     co_return res;
   }
@@ -505,6 +511,96 @@ TEST_CASE("server: several servers share a port with SO_REUSEPORT") {
   REQUIRE(res);
   CHECK(res->body() == "/shared:");
   CHECK(first.calls + second.calls == 1);
+}
+
+}  // namespace idem::server
+
+namespace idem::server {
+
+TEST_CASE("server: trailer fields never reach the handler as header fields") {
+  Harness h;
+  RawClient c(h.port());
+  REQUIRE(c.send("POST /fields HTTP/1.1\r\nHost: t\r\nX-Tenant-Id: me\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n"
+                 "5\r\nhello\r\n0\r\nX-Tenant-Id: victim\r\nHost: evil\r\nX-User-Id: admin\r\n\r\n"));
+  const auto res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+  CHECK(res->body() ==
+        "/fields:hello\nHost: t\nX-Tenant-Id: me\nTransfer-Encoding: chunked");
+  CHECK(res->keep_alive());
+}
+
+TEST_CASE("server: a chunk extension or a trailer that never ends is refused at the budget") {
+  // Bounded by max_header_bytes (16 KiB here), long before the 200 ms body timeout, which
+  // would answer 408: the buffer does not grow with what the client sends.
+  Harness h;
+  const std::string head = "POST /orders HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  expect_refusal(h, head + "1;" + std::string(40 * 1024, 'e'), http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, head + "1\r\nx\r\n0\r\nX-Long: " + std::string(40 * 1024, 't'),
+                 http::status::request_header_fields_too_large, "headers_too_large");
+  // Many complete extensions, each short, that add up past the budget.
+  std::string many = head;
+  for (int i = 0; i < 40; ++i) many += "1;" + std::string(500, 'e') + "\r\nx\r\n";
+  expect_refusal(h, many + "0\r\n\r\n", http::status::bad_request, "bad_request");
+  // Many complete trailer fields that add up past it.
+  std::string fields = head + "1\r\nx\r\n0\r\n";
+  for (int i = 0; i < 40; ++i) fields += "X-T" + std::to_string(i) + ": " + std::string(500, 't') + "\r\n";
+  expect_refusal(h, fields + "\r\n", http::status::request_header_fields_too_large,
+                 "headers_too_large");
+  CHECK(h.calls == 0);
+  CHECK(h.rejects() == std::vector<std::string>{"400 bad_request", "431 headers_too_large",
+                                                "400 bad_request", "431 headers_too_large"});
+}
+
+TEST_CASE("server: HTTP/1.1 without exactly one valid Host answers 400 and closes") {
+  Harness h;
+  expect_refusal(h, "GET / HTTP/1.1\r\n\r\n", http::status::bad_request, "bad_request");
+  expect_refusal(h, "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, "GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  CHECK(h.calls == 0);
+  RawClient c(h.port());
+  REQUIRE(c.send("GET /old HTTP/1.0\r\n\r\n"));  // HTTP/1.0 may omit it
+  const auto res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+}
+
+TEST_CASE("server: the handler sees the normalized target; absolute-form sets Host") {
+  Harness h;
+  RawClient c(h.port());
+  REQUIRE(c.send("GET http://Backend.example:81/x/../%6Frders?a=%6f HTTP/1.1\r\nHost: other\r\n\r\n"));
+  auto res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->body() == "/orders?a=o:");
+  REQUIRE(c.send(get("/fields/./x")));
+  res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->body() == "/fields/x:\nHost: t");
+  REQUIRE(c.send("GET http://h.example/fields HTTP/1.1\r\nHost: other\r\n\r\n"));
+  res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->body() == "/fields:\nHost: h.example");
+  expect_refusal(h, get("/orders#frag"), http::status::bad_request, "bad_request");
+  expect_refusal(h, get("/%zz"), http::status::bad_request, "bad_request");
+  expect_refusal(h, "CONNECT h.example:443 HTTP/1.1\r\nHost: h.example:443\r\n\r\n",
+                 http::status::bad_request, "bad_request");
+}
+
+TEST_CASE("server: Connection: close in a second Connection field closes the connection") {
+  Harness h;
+  RawClient c(h.port());
+  REQUIRE(c.send(get("/x", "Connection: keep-alive\r\nConnection: close\r\n")));
+  const auto res = c.read_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+  CHECK_FALSE(res->keep_alive());
+  CHECK(c.closed_by_peer());
 }
 
 }  // namespace idem::server

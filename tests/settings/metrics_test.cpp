@@ -207,7 +207,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
-  CHECK(e.types.size() == 16);
+  CHECK(e.types.size() == 18);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -346,7 +346,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 16);
+        CHECK(e.types.size() == 18);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
