@@ -326,8 +326,9 @@ std::string summary_text(const json::object& s) {
   out << "idemproxy chaos run: seed " << num("seed") << ", " << num("ops") << " client operations, "
       << num("clients") << " clients, faults " << num("faults_selected") << "\n"
       << "  load " << num("load_seconds") << " s (" << num("ops_per_second") << " operations/s, "
-      << num("requests") << " requests, " << num("requests_per_second") << " requests/s), quiet "
-      << num("quiet_seconds") << " s, at most " << num("max_attempts_of_one_operation")
+      << num("requests") << " requests, " << num("requests_per_second")
+      << " requests/s), the last open operations settled " << num("quiet_seconds")
+      << " s after healing, at most " << num("max_attempts_of_one_operation")
       << " attempts for one operation\n"
       << "  answers by class: " << text_of(s.at("answers_by_class").as_object()) << "\n"
       << "  faults by kind (" << num("faults_total") << "): " << text_of(s.at("faults_by_kind").as_object())
