@@ -28,6 +28,7 @@ struct OrderApi::Arrival {
   std::string tenant;
   std::optional<std::string> operation_id;
   std::int64_t attempt = 0;  // 0: no sidecar in front (no operation id)
+  std::optional<std::int64_t> fencing_token;  // X-Idempotency-Fencing-Token, if sent
   Millis demo_delay{0};
   Fault fault = Fault::none;
   Millis fault_delay{0};
@@ -65,6 +66,7 @@ using namespace std::chrono_literals;
 constexpr const char* kOrderByOperation = "order_by_operation";
 constexpr const char* kRetireOperation = "retire_operation";
 constexpr const char* kRecordAttempt = "record_attempt";
+constexpr const char* kRecordArrival = "record_arrival";
 constexpr const char* kCoupon = "coupon";
 constexpr const char* kCreateOrder = "create_order";
 constexpr const char* kCreateOrderThenFail = "create_order_then_fail";
@@ -100,6 +102,10 @@ SET attempt = $3::bigint,
     operation_expires_at = GREATEST(operation_expires_at,
                                     now() + $4::bigint * interval '1 millisecond')
 WHERE tenant_id = $1 AND operation_id = $2 AND attempt < $3::bigint)sql";
+
+constexpr const char* kRecordArrivalSql = R"sql(
+INSERT INTO demo_orders.arrivals (tenant_id, operation_id, attempt, fencing_token)
+VALUES ($1, $2, $3::bigint, $4::bigint))sql";
 
 constexpr const char* kCouponSql =
     "SELECT percent_off, expires_at <= now() FROM demo_orders.coupons WHERE code = $1";
@@ -280,6 +286,15 @@ std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiO
     }
     a.operation_id = std::string(*op);
     a.attempt = attempt;
+    if (const auto token = single_header(req, "X-Idempotency-Fencing-Token")) {
+      const auto value = parse_int(*token);
+      if (!value || *value < 1) {
+        return problem(req, http::status::bad_request, "invalid_request",
+                       "Invalid idempotency headers",
+                       "X-Idempotency-Fencing-Token must be a positive integer");
+      }
+      a.fencing_token = *value;
+    }
   }
 
   // Part of the demo, not a fault: it makes "in progress" visible with curl.
@@ -346,14 +361,51 @@ asio::awaitable<result<std::optional<OrderRow>>> find_operation(pg::Pool& pool, 
   co_return std::optional<OrderRow>{};
 }
 
+// True when `row` is the order `order` describes: every field that makes the order what
+// it is (the sidecar's fingerprint in config/demo.yaml covers the same ones).
+bool same_order(const OrderRow& row, const OrderRequest& order) {
+  if (row.customer_id != order.customer_id || row.currency != order.currency ||
+      row.amount != order.amount || row.checkout_id != order.checkout_id ||
+      row.coupon != order.coupon) {
+    return false;
+  }
+  boost::system::error_code ec;
+  const json::value stored = json::parse(row.items_json, ec);
+  if (ec || !stored.is_array() || stored.get_array().size() != order.items.size()) return false;
+  for (std::size_t i = 0; i < order.items.size(); ++i) {
+    const auto* fields = stored.get_array()[i].if_object();
+    const auto* sku = fields ? fields->if_contains("sku") : nullptr;
+    const auto* qty = fields ? fields->if_contains("qty") : nullptr;
+    if (sku == nullptr || !sku->is_string() || sku->get_string() != order.items[i].sku ||
+        qty == nullptr || !qty->is_int64() || qty->get_int64() != order.items[i].qty) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // An earlier attempt of this operation created `row`: answer with it. A later attempt is
 // recorded (the fence for stragglers, and a fresh retention for the operation id). An
 // earlier one changes nothing and gets the same answer: it is a straggler of an attempt the
 // sidecar already superseded (which the sidecar fences), or a fresh claim after the sidecar
 // released the key on a 5xx (attempts restart at 1); the order is the right answer to both.
+//
+// Unless the request describes another order: after a 5xx the sidecar frees the key, and
+// the same key may come back with other parameters as a new operation, under the same
+// operation id. If our 5xx came after our commit (a fault between commit and answer), the
+// order of the first request exists; answering it to the second request would hand a
+// client an order it did not ask for. That is refused (422, recorded by the sidecar like
+// any business refusal) and nothing changes.
 asio::awaitable<Response> answer_existing(pg::Pool& pool, const OrderApiOptions& options,
                                           const Request& req, const Arrival& a,
-                                          const OrderRow& row) {
+                                          const OrderRequest& order, const OrderRow& row) {
+  if (!same_order(row, order)) {
+    spdlog::warn("order-api: operation {} already has order {} made from another request",
+                 short_id(a.operation_id), row.order_id);
+    co_return problem(req, http::status::unprocessable_entity, "operation_id_reused",
+                      "Operation id reused",
+                      "this operation id already has an order made from other parameters");
+  }
   if (a.attempt > row.attempt) {
     const std::string attempt = std::to_string(a.attempt);
     const std::string retention = std::to_string(options.operation_retention.count());
@@ -386,6 +438,7 @@ std::vector<pg::PreparedStatement> OrderApi::statements() {
       {kOrderByOperation, select_order + std::string(kOrderByOperationWhere)},
       {kRetireOperation, kRetireOperationSql},
       {kRecordAttempt, kRecordAttemptSql},
+      {kRecordArrival, kRecordArrivalSql},
       {kCoupon, kCouponSql},
       {kCreateOrder, create + select_order + " FROM new_order"},
       {kCreateOrderThenFail, create + std::string(kFailAfterInsert)},
@@ -419,6 +472,8 @@ asio::awaitable<Response> OrderApi::handle(Request& req) {
     }
   } else if (path == "/healthz" && req.method() == http::verb::get) {
     res = json_response(req, http::status::ok, json::object{{"status", "ok"}});
+  } else if (path == "/_faults" && options_.fault_injection) {
+    res = faults(req);
   } else {
     res = problem(req, http::status::not_found, "not_found", "Not found",
                   "no such resource on the order API");
@@ -450,14 +505,63 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
   if (auto* refused = std::get_if<Rejection>(&parsed)) co_return rejection(req, *refused);
   const OrderRequest& order = std::get<OrderRequest>(parsed);
 
-  if (a.demo_delay > Millis::zero()) co_await sleep_for(a.demo_delay);
+  // Runtime faults are taken before any await, so that concurrent requests each see
+  // their own share of fail_next and fail_every.
+  const Faults faults = faults_;
+  bool fail = false;
+  if (faults_.fail_next > 0) {
+    --faults_.fail_next;
+    fail = true;
+  }
+  if (faults_.fail_every > 0 && ++fail_counter_ % static_cast<unsigned>(faults_.fail_every) == 0) {
+    fail = true;
+  }
+  const auto injected = [&](std::string_view when) {
+    spdlog::warn("order-api: fault injection: failing operation {} with {} {} its commit",
+                 short_id(a.operation_id), faults.fail_status, when);
+    Response res = problem(req, static_cast<http::status>(faults.fail_status), "injected_fault",
+                           "Injected fault", "fault injection: failed " + std::string(when) +
+                                                 " the commit");
+    res.set(http::field::retry_after, "1");
+    return res;
+  };
+  if (options_.record_arrivals && a.operation_id) {
+    // Parameters are views: the texts they point at must outlive the call.
+    const std::string attempt = std::to_string(a.attempt);
+    const std::string token = a.fencing_token ? std::to_string(*a.fencing_token) : "";
+    std::vector<pg::Param> params{
+        pg::Param::text(a.tenant), pg::Param::text(*a.operation_id), pg::Param::text(attempt),
+        a.fencing_token ? pg::Param::text(token) : pg::Param::null_value()};
+    auto recorded = co_await pool_->execute(kRecordArrival, std::move(params));
+    if (!recorded) co_return unavailable(req, *pool_, recorded.error());
+  }
+  if (faults.delay > Millis::zero() && !faults.delay_after_commit) {
+    co_await sleep_for(faults.delay);
+  }
+  if (fail && !faults.fail_after_commit) co_return injected("before");
 
+  if (a.demo_delay > Millis::zero()) co_await sleep_for(a.demo_delay);
+  Response res = co_await create_or_find(req, a, order);
+  if (res.result() == http::status::created) {
+    // The order is committed (made now or found); what follows strikes its answer only.
+    if (faults.delay > Millis::zero() && faults.delay_after_commit) {
+      co_await sleep_for(faults.delay);
+    }
+    if (fail) co_return injected("after");
+  }
+  co_return res;
+}
+
+// The order of this operation: found (an earlier attempt made it) or created now, or the
+// refusal that the body, the coupon or the checkout earns.
+asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& a,
+                                                   const OrderRequest& order) {
   // Does this operation already have its order? Before any time- or data-dependent rule,
   // so that a retry after a lost answer gets the order, not a rule that changed since.
   if (a.operation_id) {
     auto existing = co_await find_operation(*pool_, a);
     if (!existing) co_return unavailable(req, *pool_, existing.error());
-    if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, **existing);
+    if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, order, **existing);
   }
 
   std::int64_t discount = 0;
@@ -537,7 +641,7 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
     if (a.operation_id) {
       auto existing = co_await find_operation(*pool_, a);
       if (!existing) co_return unavailable(req, *pool_, existing.error());
-      if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, **existing);
+      if (*existing) co_return co_await answer_existing(*pool_, options_, req, a, order, **existing);
     }
     if (order.checkout_id) {
       std::vector<pg::Param> by_checkout{pg::Param::text(a.tenant),
@@ -556,6 +660,68 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
     }
   }
   co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+}
+
+// GET shows the switches, PUT replaces them all (an empty object turns everything off).
+Response OrderApi::faults(Request& req) {
+  if (req.method() == http::verb::put) {
+    boost::system::error_code ec;
+    const json::value doc = json::parse(req.body(), ec);
+    const auto* o = ec ? nullptr : doc.if_object();
+    const auto count = [&](std::string_view name, std::int64_t max) -> std::optional<std::int64_t> {
+      const auto* v = o->if_contains(name);
+      if (v == nullptr) return 0;
+      if (!v->is_int64() || v->get_int64() < 0 || v->get_int64() > max) return std::nullopt;
+      return v->get_int64();
+    };
+    const auto mode = [&](std::string_view name) -> std::optional<bool> {  // after commit?
+      const auto* v = o->if_contains(name);
+      if (v == nullptr) return false;
+      if (!v->is_string()) return std::nullopt;
+      if (v->get_string() == "before_commit") return false;
+      if (v->get_string() == "after_commit") return true;
+      return std::nullopt;
+    };
+    std::optional<std::int64_t> fail_next, fail_every, status, delay;
+    std::optional<bool> fail_after, delay_after;
+    if (o != nullptr) {
+      fail_next = count("fail_next", 1'000'000);
+      fail_every = count("fail_every", 1'000'000);
+      status = o->contains("fail_status") ? count("fail_status", 599) : 503;
+      delay = count("delay_ms", 60'000);
+      fail_after = mode("fail_mode");
+      delay_after = mode("delay_mode");
+    }
+    if (!fail_next || !fail_every || !status || *status < 400 || !delay || !fail_after ||
+        !delay_after) {
+      return problem(req, http::status::bad_request, "invalid_request", "Invalid faults",
+                     "a JSON object: fail_next >= 0, fail_every >= 0, fail_mode and delay_mode "
+                     "before_commit|after_commit, fail_status 400-599, delay_ms 0-60000");
+    }
+    faults_ = Faults{.fail_next = static_cast<int>(*fail_next),
+                     .fail_every = static_cast<int>(*fail_every),
+                     .fail_after_commit = *fail_after,
+                     .fail_status = static_cast<unsigned>(*status),
+                     .delay = Millis(*delay),
+                     .delay_after_commit = *delay_after};
+    fail_counter_ = 0;
+    spdlog::warn("order-api: fault injection: fail_next {}, fail_every {} ({} commit, status {}), "
+                 "delay {} ms ({} commit)",
+                 faults_.fail_next, faults_.fail_every, faults_.fail_after_commit ? "after" : "before",
+                 faults_.fail_status, faults_.delay.count(),
+                 faults_.delay_after_commit ? "after" : "before");
+  } else if (req.method() != http::verb::get) {
+    return problem(req, http::status::method_not_allowed, "method_not_allowed",
+                   "Method not allowed", "GET or PUT");
+  }
+  const auto when = [](bool after) { return after ? "after_commit" : "before_commit"; };
+  return json_response(req, http::status::ok,
+                       json::object{{"fail_next", faults_.fail_next},
+                                    {"fail_every", faults_.fail_every},
+                                    {"fail_mode", when(faults_.fail_after_commit)},
+                                    {"fail_status", faults_.fail_status},
+                                    {"delay_ms", faults_.delay.count()},
+                                    {"delay_mode", when(faults_.delay_after_commit)}});
 }
 
 asio::awaitable<Response> OrderApi::get(Request& req, std::string_view id) {

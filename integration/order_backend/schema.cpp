@@ -78,6 +78,21 @@ INSERT INTO demo_orders.coupons (code, percent_off, expires_at) VALUES
   ('WELCOME10', 10, '2999-12-31T23:59:59Z'),
   ('SPRING2020', 20, '2020-06-01T00:00:00Z');
 )sql"},
+    {2, R"sql(
+-- Test instrumentation, written only with --record-arrivals (which needs
+-- --enable-fault-injection): every POST /orders that reached the API with the sidecar's
+-- headers, recorded before it is handled. The sidecar forwards once per claim of a key,
+-- so two arrivals of one operation with the same fencing token are two claims that
+-- shared a token: what fencing must never allow (scripts/chaos checks it).
+CREATE TABLE demo_orders.arrivals (
+  arrival_id    bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  tenant_id     text        NOT NULL,
+  operation_id  text        NOT NULL,
+  attempt       bigint      NOT NULL,
+  fencing_token bigint,     -- X-Idempotency-Fencing-Token; NULL when not sent
+  arrived_at    timestamptz NOT NULL DEFAULT now()
+);
+)sql"},
 };
 
 constexpr Migration kPaymentsMigrations[] = {

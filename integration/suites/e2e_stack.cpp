@@ -94,8 +94,9 @@ RouteOptions order_route(const StackOptions& options) {
 OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
   payments_ = std::make_unique<BackendProcess>("payments", std::vector<std::string>{});
   inventory_ = std::make_unique<BackendProcess>("inventory", std::vector<std::string>{});
-  api_ = std::make_unique<BackendProcess>(
-      "api", std::vector<std::string>{"--operation-retention", options_.retention});
+  std::vector<std::string> api_args{"--operation-retention", options_.retention};
+  if (options_.record_arrivals) api_args.push_back("--record-arrivals");
+  api_ = std::make_unique<BackendProcess>("api", std::move(api_args));
   // Fast polling and retries: a test waits for the relay in milliseconds, not seconds.
   std::vector<std::string> relay_args{"--payments-url",    payments_->url(),
                                       "--inventory-url",   inventory_->url(),

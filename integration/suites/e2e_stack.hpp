@@ -57,6 +57,8 @@ struct StackOptions {
   std::string wait = "300ms";
   // The relay sends every delivery twice (fault injection).
   bool deliver_twice = false;
+  // The API records every arrival in demo_orders.arrivals (fault injection).
+  bool record_arrivals = false;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.
