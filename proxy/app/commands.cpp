@@ -70,13 +70,17 @@ void reload(Sidecar& sidecar, const std::string& path) {
 // most `lease` later), with a higher attempt and the same operation id, as after a crash.
 void drain(Sidecar& sidecar, asio::io_context& signals_ioc, const bool& cut_short) {
   const auto deadline = SteadyClock::now() + sidecar.runtime()->settings().limits.drain_timeout;
-  while (sidecar.open_connections() > 0 && !cut_short && SteadyClock::now() < deadline) {
+  // Owners count too: an operation that answered 202 has no connection left, but its
+  // record is still to be written.
+  const auto busy = [&] { return sidecar.open_connections() > 0 || sidecar.owners_in_flight() > 0; };
+  while (busy() && !cut_short && SteadyClock::now() < deadline) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
     signals_ioc.run_for(std::clamp(left, Millis{1}, Millis{20}));
   }
-  if (const auto open = sidecar.open_connections(); open > 0) {
-    spdlog::warn("drain ended with {} connections still open; their records stay in progress "
-                 "and a retry takes over once the lease lapses", open);
+  if (busy()) {
+    spdlog::warn("drain ended with {} connections still open and {} operations running; their "
+                 "records stay in progress and a retry takes over once the lease lapses",
+                 sidecar.open_connections(), sidecar.owners_in_flight());
   } else {
     spdlog::info("drained: every in-flight request has been answered");
   }

@@ -272,6 +272,12 @@ void Sidecar::begin_drain() {
 
 std::size_t Sidecar::open_connections() const { return parts_->gauge->open.load(); }
 
+std::size_t Sidecar::owners_in_flight() const {
+  std::size_t n = 0;
+  for (const auto& w : parts_->workers) n += w->gateway->owners_in_flight();
+  return n;
+}
+
 void Sidecar::stop() {
   auto& p = *parts_;
   p.stopping->store(true);

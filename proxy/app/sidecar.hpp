@@ -33,6 +33,9 @@ class Sidecar {
   // The drain: stop accepting and close idle connections; in-flight requests go on.
   void begin_drain();
   std::size_t open_connections() const;
+  // Owners between their claim and their last write, in every worker: with `async` routes
+  // these outlive their client's connection (a 202 was sent).
+  std::size_t owners_in_flight() const;
   // Stops the tasks, the pools and the loops, and joins the threads (after the drain).
   void stop();
 

@@ -559,11 +559,11 @@ namespace {
 
 // Counts an owner for the drain, from its forward until its answer.
 struct OwnerCount {
-  explicit OwnerCount(std::size_t& n) : n(n) { ++n; }
-  ~OwnerCount() { --n; }
+  explicit OwnerCount(std::atomic<std::size_t>& n) : n(n) { n.fetch_add(1, std::memory_order_relaxed); }
+  ~OwnerCount() { n.fetch_sub(1, std::memory_order_relaxed); }
   OwnerCount(const OwnerCount&) = delete;
   OwnerCount& operator=(const OwnerCount&) = delete;
-  std::size_t& n;
+  std::atomic<std::size_t>& n;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 // (protocol.hpp, a state machine of events and actions); this driver performs its actions
 // against the Store and the upstream Client, and is the only place where a request's
 // idempotency actions turn into I/O.
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -38,9 +39,12 @@ class Gateway {
   asio::awaitable<server::Response> handle(server::Request& request,
                                            const server::RequestContext& context);
 
-  // How many owner requests are between claim and their final store write (drain waits
-  // for these on shutdown).
-  std::size_t owners_in_flight() const noexcept { return owners_in_flight_; }
+  // How many owner requests are between claim and their final store write, including
+  // operations that answered 202 and go on without their client. Read by the drain from
+  // another thread.
+  std::size_t owners_in_flight() const noexcept {
+    return owners_in_flight_.load(std::memory_order_relaxed);
+  }
 
   struct Exchange;  // one request's state (gateway/exchange.hpp)
   struct AsyncJob;  // a request on an async route, detached from its client
@@ -80,7 +84,7 @@ class Gateway {
   asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);
 
   Dependencies deps_;
-  std::size_t owners_in_flight_ = 0;
+  std::atomic<std::size_t> owners_in_flight_{0};
 };
 
 }  // namespace idem::gateway

@@ -613,7 +613,7 @@ void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
 }
 
 struct RouteLines {
-  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
+  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0, async_after = 0;
 };
 
 void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
@@ -693,6 +693,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
         *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
   }
   parse_long_operations(L, m, r);
+  if (auto v = m.get("async")) lines.async_after = v->line;
   check_route(L, it, tenant, lines, r);
   return r;
 }
@@ -751,6 +752,14 @@ Settings parse_root(const Loader& L, const Item& root) {
       if (auto [at, fresh] = shapes.emplace(shape, item.path); !fresh) {
         L.fail(lines.method_path, item.path + ".path",
                r.method + " " + r.path + " matches the same requests as " + at->second);
+      }
+      // The exchange behind a 202 is still bounded by the upstream's timeout: an `after`
+      // that never comes first would promise a status resource that is never used.
+      if (r.async && r.async->after >= s.upstream.response_timeout) {
+        L.fail(lines.async_after, item.path + ".async.after",
+               "async.after (" + detail::format_duration(r.async->after) +
+                   ") must be shorter than upstream.response_timeout (" +
+                   detail::format_duration(s.upstream.response_timeout) + ")");
       }
       s.routes.push_back(std::move(r));
     }

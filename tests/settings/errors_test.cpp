@@ -232,6 +232,21 @@ TEST_CASE("store and replay settings") {
                      "not a valid header name");
 }
 
+TEST_CASE("long-operation settings") {
+  CHECK_CONFIG_ERROR(kRoute + "    async: {after: 1s, status_path: /operations/x}\n", 9,
+                     "routes[0].async.status_path", "{operation_id}");
+  CHECK_CONFIG_ERROR(kRoute + "    async: {status_path: \"/op/{operation_id}\"}\n", 9,
+                     "routes[0].async.after", "missing required key 'after'");
+  CHECK_CONFIG_ERROR(kRoute + "    async: {after: 1m, status_path: \"/op/{operation_id}\"}\n", 9,
+                     "routes[0].async.after", "response_timeout");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: fresh}\n", 9, "routes[0].replay.mode", "refetch");
+  CHECK_CONFIG_ERROR(kRoute + "    on_unknown_outcome: reconcile\n", 9,
+                     "routes[0].on_unknown_outcome", "needs reconcile");
+  CHECK_CONFIG_ERROR(kRoute + "    reconcile: {path: \"/o/{operation_id}\"}\n", 9,
+                     "routes[0].reconcile", "only used with on_unknown_outcome: reconcile");
+  CHECK_CONFIG_ERROR(kMinimal + "policy_path: \"/p/{x}\"\n", 5, "policy_path", "template");
+}
+
 TEST_CASE("the message has the file:line: key: shape") {
   const auto f = failure(kMinimal + "log:\n  level: loud\n");
   CHECK(f.what == "test.yaml:6: log.level: invalid value 'loud': expected trace | debug | info | warn | error");

@@ -76,7 +76,18 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.store.except == y.store.except);
     CHECK(x.replay_headers == y.replay_headers);
     CHECK(x.max_stored_body == y.max_stored_body);
+    CHECK(x.completion == y.completion);
+    REQUIRE(x.async.has_value() == y.async.has_value());
+    if (x.async) {
+      CHECK(x.async->after == y.async->after);
+      CHECK(x.async->status_path == y.async->status_path);
+    }
+    CHECK(x.replay_mode == y.replay_mode);
+    CHECK(x.on_unknown_outcome == y.on_unknown_outcome);
+    CHECK(x.reconcile.method == y.reconcile.method);
+    CHECK(x.reconcile.path == y.reconcile.path);
   }
+  CHECK(a.policy_path == b.policy_path);
 }
 
 const std::string kRich = R"(listen: "[::1]:18080"
@@ -112,6 +123,7 @@ cleanup:
   interval: 90s
   batch: 5
 unmatched: reject
+policy_path: /idempotency-policy
 routes:
   - name: create-order
     method: post
@@ -138,6 +150,10 @@ routes:
       except: [503]
     replay_headers: [Content-Type]
     max_stored_body: 0
+    async: {after: 1500ms, status_path: "/operations/{operation_id}/status"}
+    replay: {mode: refetch}
+    on_unknown_outcome: reconcile
+    reconcile: {method: post, path: "/orders/lookup/{operation_id}"}
   - name: tenant-orders
     method: PUT
     path: /tenants/{tid}/orders/{id}
@@ -230,6 +246,13 @@ TEST_CASE("render_effective round-trips") {
   CHECK(fp.defaults.at("/price") == "1.5e3");
   CHECK_FALSE(first->admin.listen.has_value());
   CHECK(first->upstream.base_path == "/api");
+  REQUIRE(first->routes[0].async.has_value());
+  CHECK(first->routes[0].async->after == Millis{1500});
+  CHECK(first->routes[0].replay_mode == ReplayMode::refetch);
+  CHECK(first->routes[0].on_unknown_outcome == UnknownOutcome::reconcile);
+  CHECK(first->routes[0].reconcile.method == "POST");
+  CHECK_FALSE(first->routes[1].async.has_value());
+  CHECK(first->policy_path == "/idempotency-policy");
 
   const auto text = render_effective(*first);
   INFO(text);
