@@ -692,6 +692,38 @@ Settings parse_root(const Loader& L, const Item& root) {
   return s;
 }
 
+// yaml-cpp resolves an alias to the anchored node itself, so a document is a graph, not a
+// tree: an alias inside its own anchor (`&a [1, *a]`) is a cycle that every walk below
+// would follow until the stack overflows, and aliases of aliases expand exponentially
+// ("billion laughs": a few hundred bytes that render to gigabytes of fingerprint defaults).
+// Either would crash a running proxy on reload instead of refusing the file. Both are
+// refused by bounding the nodes a walk of the expanded document visits; the walk itself
+// keeps its own stack, so it is safe on the documents it refuses. Found by fuzz/config.
+constexpr std::size_t kMaxExpandedNodes = 100'000;
+
+void check_expansion(const YAML::Node& root, const std::string& file) {
+  std::vector<YAML::Node> pending{root};  // copies share the node (never assign: it writes)
+  std::size_t visited = 0;
+  while (!pending.empty()) {
+    const YAML::Node n = pending.back();
+    pending.pop_back();
+    if (++visited > kMaxExpandedNodes) {
+      throw ConfigError(file, line_of(n, 0), "",
+                        "the document expands to more than " + std::to_string(kMaxExpandedNodes) +
+                            " YAML nodes (counting an alias each time it is used): an alias "
+                            "inside its own anchor, or aliases of aliases nested too deeply");
+    }
+    if (n.IsSequence()) {
+      for (const auto& child : n) pending.push_back(child);
+    } else if (n.IsMap()) {
+      for (const auto& kv : n) {
+        pending.push_back(kv.first);
+        pending.push_back(kv.second);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 namespace detail {
@@ -710,6 +742,7 @@ std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::st
   }
   const Loader loader(name, env);
   const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
+  check_expansion(root, name);
   auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
   s->source_file = name;
   return s;
