@@ -1,6 +1,7 @@
 // YAML -> Settings. The walk is explicit (one function per section, one line per key) rather
 // than table-driven: every key's type, range and error message is visible next to its name,
 // and the struct defaults in settings.hpp stay the single source of default values.
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -724,24 +725,75 @@ void check_expansion(const YAML::Node& root, const std::string& file) {
   }
 }
 
+// Watches the parser's events for the first two documents without building them: how many
+// there are, where each starts (a second document that starts where the first did means the
+// parser made no progress), and the line of the second one's first node (for the error).
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  int documents() const noexcept { return documents_; }
+  bool progressed() const noexcept { return documents_ < 2 || starts_[1] != starts_[0]; }
+  int second_line() const noexcept { return second_line_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (documents_ < 2) starts_[documents_] = mark.pos;
+    ++documents_;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents_ == 2 && second_line_ == 0) second_line_ = mark.is_null() ? 0 : mark.line + 1;
+  }
+
+  int documents_ = 0;
+  int starts_[2] = {0, 0};
+  int second_line_ = 0;
+};
+
 }  // namespace
 
 namespace detail {
 
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
                                           const EnvLookup& env) {
-  std::vector<YAML::Node> docs;
+  YAML::Node root;
+  DocumentProbe probe;
   try {
-    docs = YAML::LoadAll(yaml);
+    // Never YAML::LoadAll: it loops until the parser reports the end of the stream, and
+    // on a stream that starts with ',' yaml-cpp 0.7 yields empty documents forever without
+    // consuming anything, so a one-character typo made the process allocate until it died
+    // (found by fuzz/config). Two documents are all we need to see.
+    std::istringstream in(yaml);
+    YAML::Parser parser(in);
+    while (probe.documents() < 2 && parser.HandleNextDocument(probe)) {
+    }
+    if (probe.documents() > 0) root = YAML::Load(yaml);  // the first document only
   } catch (const YAML::Exception& e) {
     const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
     throw ConfigError(name, line, "", "YAML syntax error: " + e.msg);
   }
-  if (docs.size() > 1) {
-    throw ConfigError(name, line_of(docs[1], 0), "", "expected one YAML document, found several");
+  if (probe.documents() > 1) {
+    if (!probe.progressed()) {
+      throw ConfigError(name, probe.second_line(), "",
+                        "YAML syntax error: unexpected character (the parser cannot go on from here)");
+    }
+    throw ConfigError(name, probe.second_line(), "", "expected one YAML document, found several");
   }
   const Loader loader(name, env);
-  const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
   check_expansion(root, name);
   auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
   s->source_file = name;
