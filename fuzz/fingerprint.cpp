@@ -301,146 +301,182 @@ bool json_media(std::string_view ct) {
   return sub == "json" || (sub.size() > 5 && sub.compare(sub.size() - 5, 5, "+json") == 0);
 }
 
-void run(const Case& c) {
-  ij::FingerprintSpec spec;
-  try {
-    spec = ij::FingerprintSpec::compile(c.settings);
-  } catch (const std::invalid_argument&) {
-    return;  // a configuration error, reported at load time
+// One fuzz case: the spec compiled from its settings, the fingerprint of the request as
+// given, and one method per property, each comparing against that fingerprint.
+class Checker {
+ public:
+  Checker(const Case& c, ij::FingerprintSpec spec)
+      : c_(c), spec_(std::move(spec)), r_(ij::fingerprint(spec_, parts(c, c.body))),
+        rng_(std::hash<std::string>{}(c.body) ^ c.query.size()) {}
+
+  // Property 2; false when there is nothing more to check (a refused request).
+  bool status() {
+    if (c_.body.empty()) {
+      IDEM_CHECK(r_.status == ij::FingerprintStatus::ok, "an empty body must fingerprint: " + r_.reason);
+    } else if (!c_.content_type || !json_media(*c_.content_type)) {
+      IDEM_CHECK(r_.status == ij::FingerprintStatus::unsupported_media_type,
+                 "Content-Type " + printable(c_.content_type.value_or("(none)")) + " must be refused");
+      return false;
+    } else {
+      body_ = ref::parse(c_.body);
+      IDEM_CHECK((r_.status == ij::FingerprintStatus::invalid_json) == !body_.has_value(),
+                 "invalid_json disagrees with the reference parser for " + printable(c_.body));
+      if (!body_) return false;
+    }
+    IDEM_CHECK(r_.status == ij::FingerprintStatus::ok, "status not ok: " + r_.reason);
+    IDEM_CHECK(r_.value.size() == 64 && std::all_of(r_.value.begin(), r_.value.end(), [](char ch) {
+                 return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
+               }),
+               "fingerprint is not 64 lower-case hex: " + printable(r_.value));
+    ij::FingerprintResult failure;
+    const auto form = ij::canonical_form(spec_, parts(c_, c_.body), &failure);
+    IDEM_CHECK(form && ij::sha256_hex(*form) == r_.value, "fingerprint is not SHA-256 of canonical_form");
+    return true;
   }
-  const ij::FingerprintResult r = ij::fingerprint(spec, parts(c, c.body));
 
-  // Property 2.
-  std::optional<ref::Value> body;
-  if (c.body.empty()) {
-    IDEM_CHECK(r.status == ij::FingerprintStatus::ok, "an empty body must fingerprint: " + r.reason);
-  } else if (!c.content_type || !json_media(*c.content_type)) {
-    IDEM_CHECK(r.status == ij::FingerprintStatus::unsupported_media_type,
-               "Content-Type " + printable(c.content_type.value_or("(none)")) + " must be refused");
-    return;
-  } else {
-    body = ref::parse(c.body);
-    IDEM_CHECK((r.status == ij::FingerprintStatus::invalid_json) == !body.has_value(),
-               "invalid_json disagrees with the reference parser for " + printable(c.body));
-    if (!body) return;
-  }
-  IDEM_CHECK(r.status == ij::FingerprintStatus::ok, "status not ok: " + r.reason);
-  IDEM_CHECK(r.value.size() == 64 && std::all_of(r.value.begin(), r.value.end(), [](char ch) {
-               return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f');
-             }),
-             "fingerprint is not 64 lower-case hex: " + printable(r.value));
-  ij::FingerprintResult failure;
-  const auto form = ij::canonical_form(spec, parts(c, c.body), &failure);
-  IDEM_CHECK(form && ij::sha256_hex(*form) == r.value, "fingerprint is not SHA-256 of canonical_form");
-
-  std::mt19937_64 rng(std::hash<std::string>{}(c.body) ^ c.query.size());
-  const auto same_as = [&](const std::string& other_body, const char* what) {
-    const ij::FingerprintResult o = ij::fingerprint(spec, parts(c, other_body));
-    IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value == r.value,
-               std::string(what) + " changed the fingerprint: " + printable(c.body) + " -> " + printable(other_body));
-  };
-
-  // Property 3: spellings.
-  if (body) same_as(ref::respell(*body, rng), "respelling the body");
-  {
-    Case padded = c;
+  // Property 3.
+  void spellings() {
+    if (body_) same_as(ref::respell(*body_, rng_), "respelling the body");
+    Case padded = c_;
     for (auto& v : padded.header_values) {
       if (v) *v = " \t" + *v + "  ";
     }
-    padded.query = respell_query(c.query, rng);
+    padded.query = respell_query(c_.query, rng_);
     Case reordered = padded;
-    std::vector<std::size_t> order(c.settings.headers.size());
+    std::vector<std::size_t> order(c_.settings.headers.size());
     for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::shuffle(order.begin(), order.end(), rng);
+    std::shuffle(order.begin(), order.end(), rng_);
     for (std::size_t i = 0; i < order.size(); ++i) {
-      std::string name = c.settings.headers[order[i]];
+      std::string name = c_.settings.headers[order[i]];
       for (auto& ch : name) {
         const auto u = static_cast<unsigned char>(ch);
-        ch = static_cast<char>(rng() % 2 ? std::toupper(u) : std::tolower(u));
+        ch = static_cast<char>(rng_() % 2 ? std::toupper(u) : std::tolower(u));
       }
       reordered.settings.headers[i] = name;
       reordered.header_values[i] = padded.header_values[order[i]];
     }
     const auto spec2 = ij::FingerprintSpec::compile(reordered.settings);
-    const ij::FingerprintResult o = ij::fingerprint(spec2, parts(reordered, c.body));
-    IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value == r.value,
-               "OWS, header order/case or query spelling changed the fingerprint (query " + printable(c.query) +
-                   " -> " + printable(reordered.query) + ")");
-  }
-  if (!body) return;
-
-  // Property 4: ignored locations.
-  for (const auto& text : c.settings.ignore) {
-    ref::Value changed = *body;
-    visit(changed, compiled_segments(text), 0, [](ref::Value* parent, const std::string& seg, ref::Value* existing) {
-      if (existing != nullptr) {
-        *existing = marker();
-      } else if (parent != nullptr && parent->kind == ref::Value::Kind::object) {
-        parent->members.push_back(ref::Member{seg, marker()});
-      }
-    });
-    same_as(ref::respell(changed, rng), "changing an ignored location");
+    const ij::FingerprintResult o = ij::fingerprint(spec2, parts(reordered, c_.body));
+    IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value == r_.value,
+               "OWS, header order/case or query spelling changed the fingerprint (query " +
+                   printable(c_.query) + " -> " + printable(reordered.query) + ")");
   }
 
-  // Property 5: a default written out.
-  for (const auto& [text, value_text] : c.settings.defaults) {
-    const auto value = ref::parse(value_text);
-    if (!value) continue;
-    ref::Value explicit_body = *body;
-    visit(explicit_body, compiled_segments(text), 0, [&](ref::Value* parent, const std::string& seg, ref::Value* existing) {
-      if (existing == nullptr && parent != nullptr && parent->kind == ref::Value::Kind::object) {
-        parent->members.push_back(ref::Member{seg, *value});
-      }
-    });
-    same_as(ref::respell(explicit_body, rng), "writing out a default");
-  }
-
-  std::vector<std::string> path;
-  std::vector<std::vector<std::string>> paths;
-  all_paths(*body, path, paths);
-
-  // Property 6: outside every field.
-  if (c.settings.fields) {
-    std::vector<std::vector<std::string>> field_segs;
-    for (const auto& f : *c.settings.fields) field_segs.push_back(compiled_segments(f));
-    for (const auto& p : paths) {
-      const bool outside = std::none_of(field_segs.begin(), field_segs.end(),
-                                        [&](const auto& f) { return related(f, p); });
-      if (!outside) continue;
-      ref::Value changed = *body;
-      *at_path(changed, p) = marker();
-      same_as(ref::respell(changed, rng), "changing a location outside every field");
-      break;
+  // Property 4.
+  void ignored() {
+    if (!body_) return;
+    for (const auto& text : c_.settings.ignore) {
+      ref::Value changed = *body_;
+      visit(changed, compiled_segments(text), 0, [](ref::Value* parent, const std::string& seg, ref::Value* existing) {
+        if (existing != nullptr) {
+          *existing = marker();
+        } else if (parent != nullptr && parent->kind == ref::Value::Kind::object) {
+          parent->members.push_back(ref::Member{seg, marker()});
+        }
+      });
+      same_as(ref::respell(changed, rng_), "changing an ignored location");
     }
   }
 
-  // Property 7: sensitivity.
-  if (!c.settings.fields && c.settings.ignore.empty() && c.settings.defaults.empty()) {
-    const auto& p = paths[rng() % paths.size()];
-    ref::Value changed = *body;
+  // Property 5.
+  void defaults() {
+    if (!body_) return;
+    for (const auto& [text, value_text] : c_.settings.defaults) {
+      const auto value = ref::parse(value_text);
+      if (!value) continue;
+      ref::Value explicit_body = *body_;
+      visit(explicit_body, compiled_segments(text), 0,
+            [&](ref::Value* parent, const std::string& seg, ref::Value* existing) {
+              if (existing == nullptr && parent != nullptr && parent->kind == ref::Value::Kind::object) {
+                parent->members.push_back(ref::Member{seg, *value});
+              }
+            });
+      same_as(ref::respell(explicit_body, rng_), "writing out a default");
+    }
+  }
+
+  // Property 6: the first location outside every field.
+  void outside_fields() {
+    if (!body_ || !c_.settings.fields) return;
+    std::vector<std::vector<std::string>> field_segs;
+    for (const auto& f : *c_.settings.fields) field_segs.push_back(compiled_segments(f));
+    for (const auto& p : paths()) {
+      if (std::any_of(field_segs.begin(), field_segs.end(), [&](const auto& f) { return related(f, p); })) {
+        continue;
+      }
+      ref::Value changed = *body_;
+      *at_path(changed, p) = marker();
+      same_as(ref::respell(changed, rng_), "changing a location outside every field");
+      return;
+    }
+  }
+
+  // Property 7, where the whole body counts.
+  void sensitivity() {
+    if (!body_ || c_.settings.fields || !c_.settings.ignore.empty() || !c_.settings.defaults.empty()) return;
+    const auto all = paths();
+    const auto& p = all[rng_() % all.size()];
+    ref::Value changed = *body_;
     ref::Value* at = at_path(changed, p);
     if (ref::canonical(*at) != ref::canonical(marker())) {
       *at = marker();
-      const std::string other = ref::respell(changed, rng);
-      const ij::FingerprintResult o = ij::fingerprint(spec, parts(c, other));
-      IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value != r.value,
-                 "a different body kept the fingerprint: " + printable(c.body) + " vs " + printable(other));
+      const std::string other = ref::respell(changed, rng_);
+      const ij::FingerprintResult o = ij::fingerprint(spec_, parts(c_, other));
+      IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value != r_.value,
+                 "a different body kept the fingerprint: " + printable(c_.body) + " vs " + printable(other));
     }
-    Case other_method = c;
+    Case other_method = c_;
     other_method.method += "X";
-    IDEM_CHECK(ij::fingerprint(spec, parts(other_method, c.body)).value != r.value, "the method is not covered");
-    for (std::size_t i = 0; i < c.header_values.size(); ++i) {
-      Case other = c;
-      other.header_values[i] = c.header_values[i] ? std::optional<std::string>() : std::optional<std::string>("");
-      IDEM_CHECK(ij::fingerprint(spec, parts(other, c.body)).value != r.value,
-                 "absent vs present header " + c.settings.headers[i] + " is not covered");
-      if (c.header_values[i]) {
-        other.header_values[i] = *c.header_values[i] + "x";
-        IDEM_CHECK(ij::fingerprint(spec, parts(other, c.body)).value != r.value,
-                   "the value of header " + c.settings.headers[i] + " is not covered");
+    IDEM_CHECK(ij::fingerprint(spec_, parts(other_method, c_.body)).value != r_.value, "the method is not covered");
+    for (std::size_t i = 0; i < c_.header_values.size(); ++i) {
+      Case other = c_;
+      other.header_values[i] = c_.header_values[i] ? std::optional<std::string>() : std::optional<std::string>("");
+      IDEM_CHECK(ij::fingerprint(spec_, parts(other, c_.body)).value != r_.value,
+                 "absent vs present header " + c_.settings.headers[i] + " is not covered");
+      if (c_.header_values[i]) {
+        other.header_values[i] = *c_.header_values[i] + "x";
+        IDEM_CHECK(ij::fingerprint(spec_, parts(other, c_.body)).value != r_.value,
+                   "the value of header " + c_.settings.headers[i] + " is not covered");
       }
     }
   }
+
+ private:
+  void same_as(const std::string& other_body, const char* what) {
+    const ij::FingerprintResult o = ij::fingerprint(spec_, parts(c_, other_body));
+    IDEM_CHECK(o.status == ij::FingerprintStatus::ok && o.value == r_.value,
+               std::string(what) + " changed the fingerprint: " + printable(c_.body) + " -> " +
+                   printable(other_body));
+  }
+
+  std::vector<std::vector<std::string>> paths() const {
+    std::vector<std::string> path;
+    std::vector<std::vector<std::string>> out;
+    all_paths(*body_, path, out);
+    return out;
+  }
+
+  const Case& c_;
+  ij::FingerprintSpec spec_;
+  ij::FingerprintResult r_;
+  std::optional<ref::Value> body_;  // parsed by the reference; empty body: none
+  std::mt19937_64 rng_;
+};
+
+void run(const Case& c) {
+  std::optional<ij::FingerprintSpec> spec;
+  try {
+    spec = ij::FingerprintSpec::compile(c.settings);
+  } catch (const std::invalid_argument&) {
+    return;  // a configuration error, reported at load time
+  }
+  Checker check(c, std::move(*spec));
+  if (!check.status()) return;
+  check.spellings();
+  check.ignored();
+  check.defaults();
+  check.outside_fields();
+  check.sensitivity();
 }
 
 }  // namespace

@@ -127,7 +127,9 @@ std::string describe(const Outcome& o) {
   return s;
 }
 
-// Session::run() in server.cpp, synchronously and without the handler.
+// Session::run() in server.cpp, synchronously and without the handler. One function, step
+// for step like the session's loop (idle read, header, framing, 413, body, keep-alive), so
+// the two can be read side by side when either changes.
 Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
   PieceStream stream(input, pieces);
   boost::beast::flat_buffer buffer;
