@@ -6,6 +6,8 @@
 
 #include <boost/json/serialize.hpp>
 
+#include "common/text.hpp"
+
 namespace idem::demo {
 
 std::optional<std::string_view> single_header(const Request& req, std::string_view name,
@@ -39,8 +41,7 @@ bool is_uuid(std::string_view text) {
   for (std::size_t i = 0; i < text.size(); ++i) {
     const char c = text[i];
     const bool dash = i == 8 || i == 13 || i == 18 || i == 23;
-    const bool hex = (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
-    if (dash ? c != '-' : !hex) {
+    if (dash ? c != '-' : text::hex_value(c) < 0) {
       return false;
     }
   }

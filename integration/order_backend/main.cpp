@@ -63,6 +63,8 @@ options:
 api:
   --operation-retention D   how long an operation id stays one operation (default 24h);
                             set it to the sidecar route's retention
+  --record-arrivals         record every sidecar arrival (operation, attempt, fencing
+                            token) in demo_orders.arrivals (needs --enable-fault-injection)
 relay:
   --payments-url URL        default http://127.0.0.1:3001
   --inventory-url URL       default http://127.0.0.1:3002
@@ -91,6 +93,7 @@ struct Options {
   OrderApiOptions api;
   RelayOptions relay;
   bool deliver_twice = false;
+  bool record_arrivals = false;
 };
 
 Millis duration_arg(std::string_view name, std::string_view value) {
@@ -161,6 +164,8 @@ Options parse_args(int argc, char** argv) {
       o.fault_injection = true;
     } else if (arg == "--fault-deliver-twice") {
       o.deliver_twice = true;
+    } else if (arg == "--record-arrivals") {
+      o.record_arrivals = true;
     } else if (arg == "--help" || arg == "-h") {
       std::cout << kUsage;
       std::exit(0);
@@ -183,6 +188,12 @@ Options parse_args(int argc, char** argv) {
   if (o.deliver_twice && o.command != "relay") {
     throw UsageError("--fault-deliver-twice applies to the relay only");
   }
+  if (o.record_arrivals && !o.fault_injection) {
+    throw UsageError("--record-arrivals needs --enable-fault-injection");
+  }
+  if (o.record_arrivals && o.command != "api") {
+    throw UsageError("--record-arrivals applies to the api only");
+  }
   if (o.relay.claim_lease <= o.relay.request_timeout * 2) {
     // Both deliveries of an event must fit in the lease, or another relay could claim
     // the event while this one still delivers it (harmless, but wasteful and confusing).
@@ -190,6 +201,7 @@ Options parse_args(int argc, char** argv) {
   }
   o.relay.copies_per_delivery = o.deliver_twice ? 2 : 1;
   o.api.fault_injection = o.fault_injection;
+  o.api.record_arrivals = o.record_arrivals;
   return o;
 }
 

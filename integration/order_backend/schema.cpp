@@ -78,6 +78,46 @@ INSERT INTO demo_orders.coupons (code, percent_off, expires_at) VALUES
   ('WELCOME10', 10, '2999-12-31T23:59:59Z'),
   ('SPRING2020', 20, '2020-06-01T00:00:00Z');
 )sql"},
+    {2, R"sql(
+-- Test instrumentation, written only with --record-arrivals (which needs
+-- --enable-fault-injection): every POST /orders that reached the API with the sidecar's
+-- headers, recorded before it is handled. The sidecar forwards once per claim of a key,
+-- so two arrivals of one operation with the same fencing token are two claims that
+-- shared a token: what fencing must never allow (scripts/chaos checks it).
+CREATE TABLE demo_orders.arrivals (
+  arrival_id    bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+  tenant_id     text        NOT NULL,
+  operation_id  text        NOT NULL,
+  attempt       bigint      NOT NULL,
+  fencing_token bigint,     -- X-Idempotency-Fencing-Token; NULL when not sent
+  arrived_at    timestamptz NOT NULL DEFAULT now()
+);
+)sql"},
+    {3, R"sql(
+-- The body of 201 Created, rendered by the database, once and the same for every attempt
+-- that finds the order: a compact JSON object in the documented member order. It is built
+-- here rather than in the API so that one statement can create the order, its event and
+-- the idempotency record holding this very answer (routes with completion: backend).
+CREATE FUNCTION demo_orders.order_body(o demo_orders.orders) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+  SELECT '{"order_id":' || to_json(o.order_id::text)::text
+      || ',"checkout_id":' || coalesce(to_json(o.checkout_id)::text, 'null')
+      || ',"customer_id":' || to_json(o.customer_id)::text
+      || ',"currency":' || to_json(o.currency)::text
+      || ',"amount":' || o.amount::text
+      || ',"discount":' || o.discount::text
+      || ',"total":' || o.total::text
+      || ',"coupon":' || coalesce(to_json(o.coupon)::text, 'null')
+      || ',"items":[' || coalesce((
+           SELECT string_agg('{"sku":' || to_json(i.item->>'sku')::text ||
+                             ',"qty":' || (i.item->>'qty') || '}', ',' ORDER BY i.n)
+           FROM jsonb_array_elements(o.items) WITH ORDINALITY AS i(item, n)), '')
+      || '],"status":"created","created_at":'
+      || to_json(to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text
+      || '}'
+$$;
+)sql"},
 };
 
 constexpr Migration kPaymentsMigrations[] = {

@@ -59,7 +59,7 @@ TEST_CASE("invalid configuration exits 2 naming the file, line and key") {
 }
 
 TEST_CASE("migrate applies the embedded migrations once and records their checksums") {
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   const auto db_url = fresh.url();
 
   TempDir dir("cli");
@@ -80,7 +80,7 @@ TEST_CASE("migrate applies the embedded migrations once and records their checks
 }
 
 TEST_CASE("serve refuses a schema that is behind unless migrate: auto") {
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   const auto db_url = fresh.url();
 
   TempDir dir("cli");
@@ -90,4 +90,43 @@ TEST_CASE("serve refuses a schema that is behind unless migrate: auto") {
   auto r = run_idemproxy({"serve", "--config", cfg.string()});
   CHECK(r.status.code() == 1);
   CHECK(r.output.find("idemproxy migrate") != std::string::npos);
+}
+
+TEST_CASE("verify-backend fails against a backend that ignores the operation id, and cleans up") {
+  TestBackend backend;  // answers every call with a new order: no deduplication, no fencing
+  Db db(database_url());
+  TempDir dir("cli");
+  for (const char* mode : {"sidecar", "backend"}) {
+    CAPTURE(mode);
+    auto path = write(dir, std::string("verify-") + mode + ".yaml",
+                      "listen: \"127.0.0.1:0\"\n"
+                      "upstream:\n  url: \"" + backend.url() + "\"\n"
+                      "database:\n  url: \"" + database_url() + "\"\n  migrate: auto\n"
+                      "routes:\n  - name: create-order\n    method: POST\n    path: /orders\n"
+                      "    completion: " + mode + "\n");
+    REQUIRE(run_idemproxy({"migrate", "--config", path.string()}).status.code() == 0);
+    const auto tenant = unique("verify");
+    auto r = run_idemproxy({"verify-backend", "--config", path.string(), "--route",
+                            "create-order", "--tenant", tenant});
+    INFO(r.output);
+    CHECK(r.status.code() == 1);
+    CHECK(r.output.find("[FAIL] operation-id deduplication") != std::string::npos);
+    if (std::string(mode) == "backend") {
+      CHECK(r.output.find("[FAIL] stale attempt fenced") != std::string::npos);
+      CHECK(r.output.find("[FAIL] completion in the backend's transaction") != std::string::npos);
+    } else {
+      CHECK(r.output.find("[skip] stale attempt fenced") != std::string::npos);
+    }
+    // It forwarded as the sidecar would, under the tenant given, and left no record behind.
+    const auto calls = calls_for(backend, tenant);
+    REQUIRE(calls.size() >= 2);
+    CHECK(calls[0].header("X-Idempotency-Operation-Id") == calls[1].header("X-Idempotency-Operation-Id"));
+    CHECK(calls[0].header("X-Idempotency-Attempt") == "1");
+    CHECK(calls[1].header("X-Idempotency-Attempt") == "2");
+    CHECK(count_rows(db, tenant) == 0);
+  }
+  CHECK(run_idemproxy({"verify-backend", "--config", (dir.path() / "verify-backend.yaml").string(),
+                       "--route", "no-such-route"})
+            .status.code() == 2);
+  CHECK(run_idemproxy({"verify-backend", "--config", "x"}).status.code() == 2);  // no --route
 }

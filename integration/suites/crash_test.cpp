@@ -112,8 +112,11 @@ TEST_CASE("a paused owner resumed after a takeover cannot overwrite the new atte
   stale.signal(SIGCONT);
   backend.release(hold);
   auto old = stale_answer.get();  // answered only after its (fenced) completion attempt
+  // The backend's answer to attempt 1 is not the key's: its client gets what the record
+  // holds, exactly as a retry would.
   CHECK(old.status == 201);
-  CHECK(old.body != taken.body);  // the backend's answer to attempt 1 went to its own client
+  CHECK(old.body == taken.body);
+  CHECK(old.header("Idempotent-Replayed") == "true");
 
   const auto final_row = read_row(db, tenant, key);
   REQUIRE(final_row);
@@ -161,7 +164,11 @@ TEST_CASE("a stale owner finishing while the new attempt still runs changes noth
 
   stale.signal(SIGCONT);
   backend.release(stale_hold);
-  CHECK(stale_answer.get().status == 201);  // sent only after its completion was tried
+  // Sent only after its completion was tried and fenced: attempt 2 still runs, so the
+  // stale owner's client is told to retry rather than given attempt 1's answer.
+  const auto stale_res = stale_answer.get();
+  CHECK(stale_res.status == 409);
+  CHECK(problem_code(stale_res) == "idempotency_in_progress");
   auto row = read_row(db, tenant, key);
   REQUIRE(row);
   CHECK(row->state == "in_progress");
@@ -222,4 +229,150 @@ TEST_CASE("upstream refusing connections: 502, claim released, nothing recorded"
   auto ok = client.post("/orders", kOrder, order_headers(tenant, key));
   CHECK(ok.status == 201);
   CHECK(read_row(db, tenant, key)->attempt == 1);
+}
+
+// The lost completion of the fencing issue, made deterministic. Attempt 1 pauses past its
+// lease; a retry takes over (attempt 2), gets a 503 and releases the key; the next retry
+// claims the key afresh, so its attempt is 1 again. Attempt 1 resumes with a 503 of its
+// own and releases with its token. With a token per row (attempt_token) that release
+// deleted the running new claim: its completion then found no row, its client saw 201,
+// and PostgreSQL held no record of the operation. The fencing token never repeats for a
+// key, so the stale release matches nothing.
+TEST_CASE("lost completion: a stale owner of a released claim cannot release the key's new claim") {
+  TestBackend backend;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto stale_hold = unique("hold");
+  const auto new_hold = unique("hold");
+  Sidecar stale(crash_options(backend));
+  Sidecar fresh(crash_options(backend));
+  HttpClient client(fresh.port());
+
+  auto stale_answer = std::async(std::launch::async, [&] {
+    HttpClient c(stale.port());
+    return c.post("/orders", kOrder,
+                  order_headers(tenant, key, {{"X-Test-Hold", stale_hold}, {"X-Test-Status", "503"}}),
+                  30s);
+  });
+  const auto first = backend.wait_for_call(
+      [&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
+      "attempt 1 to reach the backend");
+  stale.signal(SIGSTOP);
+  wait_for_lease_expiry(db, tenant, key);
+
+  // Attempt 2 takes over and fails transiently: the key is released (the row deleted).
+  auto failed = client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Status", "503"}}));
+  CHECK(failed.status == 503);
+  CHECK(count_rows(db, tenant) == 0);
+
+  // The next retry claims the key afresh and runs.
+  auto new_answer = std::async(std::launch::async, [&] {
+    HttpClient c(fresh.port());
+    return c.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", new_hold}}), 30s);
+  });
+  const auto running = backend.wait_for_call(
+      [&](const BackendCall& c) {
+        return c.header("X-Tenant-Id") == tenant && c.header("X-Test-Hold") == new_hold;
+      },
+      "the new claim to reach the backend");
+  CHECK(running.header("X-Idempotency-Attempt") == "1");  // what backends see starts over
+  CHECK(running.header("X-Idempotency-Fencing-Token") != first.header("X-Idempotency-Fencing-Token"));
+  CHECK(running.header("X-Idempotency-Operation-Id") == first.header("X-Idempotency-Operation-Id"));
+
+  // Attempt 1 resumes, gets its 503 and releases with its own token: nothing happens.
+  stale.signal(SIGCONT);
+  backend.release(stale_hold);
+  const auto stale_res = stale_answer.get();
+  CHECK(stale_res.status == 409);  // from the record: the new claim still runs
+  CHECK(problem_code(stale_res) == "idempotency_in_progress");
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+  CHECK(std::to_string(row->fence) == running.header("X-Idempotency-Fencing-Token"));
+  CHECK(stale.log().find("release fenced") != std::string::npos);
+
+  // The new claim completes, and PostgreSQL holds exactly what its client saw.
+  backend.release(new_hold);
+  const auto created = new_answer.get();
+  CHECK(created.status == 201);
+  row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->body == created.body);
+  CHECK(count_rows(db, tenant) == 1);
+  auto replay = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+  CHECK(replay.body == created.body);
+  CHECK(calls_for(backend, tenant).size() == 3);
+}
+
+// The lease-expiry variant: attempt 1 resumes into an unknown outcome (its backend
+// connection dies) and ends its lease at once, which is right for its own claim. With a
+// token per row it ended the lease of the key's new claim instead, while that claim still
+// ran, and the next duplicate took the running operation over and sent it to the backend
+// a second time.
+TEST_CASE("lease-expiry variant: a stale owner cannot end the lease of the key's new claim") {
+  TestBackend backend;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto stale_hold = unique("hold");
+  const auto new_hold = unique("hold");
+  Sidecar stale(crash_options(backend));
+  Sidecar fresh(crash_options(backend));
+  HttpClient client(fresh.port());
+
+  auto stale_answer = std::async(std::launch::async, [&] {
+    HttpClient c(stale.port());
+    return c.post("/orders", kOrder,
+                  order_headers(tenant, key,
+                                {{"X-Test-Hold", stale_hold}, {"X-Test-Close", "before-response"}}),
+                  30s);
+  });
+  backend.wait_for_call([&](const BackendCall& c) { return c.header("X-Tenant-Id") == tenant; },
+                        "attempt 1 to reach the backend");
+  stale.signal(SIGSTOP);
+  wait_for_lease_expiry(db, tenant, key);
+  CHECK(client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Status", "503"}})).status ==
+        503);
+  CHECK(count_rows(db, tenant) == 0);
+
+  auto new_answer = std::async(std::launch::async, [&] {
+    HttpClient c(fresh.port());
+    return c.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", new_hold}}), 30s);
+  });
+  const auto running = backend.wait_for_call(
+      [&](const BackendCall& c) {
+        return c.header("X-Tenant-Id") == tenant && c.header("X-Test-Hold") == new_hold;
+      },
+      "the new claim to reach the backend");
+
+  // Attempt 1 resumes; the backend resets its connection: outcome unknown, lease ended.
+  stale.signal(SIGCONT);
+  backend.release(stale_hold);
+  const auto stale_res = stale_answer.get();
+  CHECK(stale_res.status == 504);
+  CHECK(problem_code(stale_res) == "upstream_timeout");
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+  CHECK_FALSE(row->lease_expired);  // the running claim keeps its lease
+  CHECK(std::to_string(row->fence) == running.header("X-Idempotency-Fencing-Token"));
+  CHECK(stale.log().find("lease expiry fenced") != std::string::npos);
+
+  // A duplicate now waits for the running claim instead of taking it over.
+  auto dup = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(dup.status == 409);
+  CHECK(problem_code(dup) == "idempotency_in_progress");
+  CHECK(calls_for(backend, tenant).size() == 3);  // attempt 1, the 503, the new claim
+
+  backend.release(new_hold);
+  const auto created = new_answer.get();
+  CHECK(created.status == 201);
+  row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->body == created.body);
+  CHECK(calls_for(backend, tenant).size() == 3);
 }

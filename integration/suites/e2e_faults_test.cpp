@@ -4,6 +4,7 @@
 // show every effect exactly once.
 #include <csignal>
 #include <future>
+#include <set>
 
 #include "common.hpp"
 #include "e2e_stack.hpp"
@@ -190,6 +191,102 @@ TEST_CASE("e2e: the backend rolls back; the same key succeeds once on retry") {
   CHECK(footprint(c) == kOneOperation);
 }
 
+namespace {
+
+void set_api_faults(OrderStack& stack, const std::string& json) {
+  auto api = stack.api_client();
+  const auto res = api.request("PUT", "/_faults", {{"Content-Type", "application/json"}}, json);
+  REQUIRE(res.status == 200);
+}
+
+}  // namespace
+
+TEST_CASE("e2e: the API fails after its commit; the retry gets the order the failure hid") {
+  OrderStack stack;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto body = order_body(unique("checkout"));
+  auto client = stack.client();
+
+  set_api_faults(stack, R"({"fail_next":1,"fail_mode":"after_commit","fail_status":503})");
+  const auto failed = client.post("/orders", body, order_headers(tenant, key));
+  CHECK(failed.status == 503);
+  CHECK(problem_code(failed) == "injected_fault");
+  auto c = counts(db, tenant);
+  CHECK(c.orders == 1);            // committed before the failure
+  CHECK(c.idempotency_rows == 0);  // a 5xx: the sidecar released the key
+
+  const auto retry = client.post("/orders", body, order_headers(tenant, key));
+  CHECK(retry.status == 201);
+  const auto orders = orders_of(db, tenant);
+  REQUIRE(orders.size() == 1);
+  CHECK(json_string(retry, "order_id") == orders[0].order_id);
+
+  // before_commit: nothing is written at all.
+  const auto other = unique("key");
+  set_api_faults(stack, R"({"fail_every":1,"fail_mode":"before_commit"})");
+  CHECK(client.post("/orders", order_body(unique("checkout")), order_headers(tenant, other)).status ==
+        503);
+  CHECK(counts(db, tenant).orders == 1);
+  set_api_faults(stack, "{}");
+  CHECK(client.post("/orders", order_body(unique("checkout")), order_headers(tenant, other)).status ==
+        201);
+  CHECK(counts(db, tenant).orders == 2);
+}
+
+TEST_CASE("e2e: after a failure that hid a commit, the key with another order is refused, not answered with the first") {
+  OrderStack stack;
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto checkout = unique("checkout");
+  auto client = stack.client();
+
+  set_api_faults(stack, R"({"fail_next":1,"fail_mode":"after_commit"})");
+  CHECK(client.post("/orders", order_body(checkout, 1000), order_headers(tenant, key)).status == 503);
+  // The key is free again for the sidecar, so another body is a new operation to it; but
+  // the operation id already has the first body's order, which is not this request's.
+  const auto reused = client.post("/orders", order_body(checkout, 2000), order_headers(tenant, key));
+  CHECK(reused.status == 422);
+  CHECK(problem_code(reused) == "operation_id_reused");
+  CHECK(counts(db, tenant).orders == 1);
+  // Recorded like any business refusal: the first body now meets another fingerprint.
+  const auto first_again = client.post("/orders", order_body(checkout, 1000), order_headers(tenant, key));
+  CHECK(first_again.status == 409);
+  CHECK(problem_code(first_again) == "idempotency_key_reused");
+}
+
+TEST_CASE("e2e: every claim of a key reaches the backend with a fencing token of its own") {
+  StackOptions o;
+  o.record_arrivals = true;
+  OrderStack stack(o);
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto body = order_body(unique("checkout"));
+  auto client = stack.client();
+
+  // Two released claims and the one that completes: attempt 1 each time (the key was free
+  // again), and three different tokens.
+  set_api_faults(stack, R"({"fail_next":2,"fail_mode":"before_commit"})");
+  CHECK(client.post("/orders", body, order_headers(tenant, key)).status == 503);
+  CHECK(client.post("/orders", body, order_headers(tenant, key)).status == 503);
+  CHECK(client.post("/orders", body, order_headers(tenant, key)).status == 201);
+  const auto rows = db.query(
+      "SELECT attempt::text, fencing_token::text FROM demo_orders.arrivals WHERE tenant_id = $1 "
+      "ORDER BY arrival_id",
+      {tenant});
+  REQUIRE(rows.size() == 3);
+  std::set<std::string> tokens;
+  for (const auto& r : rows) {
+    CHECK(r.at(0) == "1");
+    REQUIRE(r.at(1));
+    tokens.insert(*r.at(1));
+  }
+  CHECK(tokens.size() == 3);
+}
+
 TEST_CASE("e2e: every outbox event delivered twice still charges and reserves once") {
   StackOptions o;
   o.deliver_twice = true;
@@ -266,10 +363,16 @@ TEST_CASE("e2e: fault switches are off unless the process was started to allow t
   CHECK(api.running());
   CHECK(counts(db, tenant).orders == 1);
 
-  const auto refused = run_command(ProcessOptions{
-      .executable = order_backend_binary(),
-      .args = {"relay", "--database-url", database_url(), "--fault-deliver-twice"},
-  });
-  CHECK(refused.status.code() == 2);
-  CHECK(refused.output.find("--enable-fault-injection") != std::string::npos);
+  CHECK(client.get("/_faults").status == 404);  // the runtime switches do not exist either
+
+  for (const char* command : {"relay", "api"}) {
+    CAPTURE(command);
+    const auto refused = run_command(ProcessOptions{
+        .executable = order_backend_binary(),
+        .args = {command, "--database-url", database_url(),
+                 std::string(command) == "relay" ? "--fault-deliver-twice" : "--record-arrivals"},
+    });
+    CHECK(refused.status.code() == 2);
+    CHECK(refused.output.find("--enable-fault-injection") != std::string::npos);
+  }
 }

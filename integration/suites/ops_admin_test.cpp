@@ -154,7 +154,7 @@ TEST_CASE("ops: /readyz is 503 while PostgreSQL is stopped and 200 again after i
 
 TEST_CASE("ops: /readyz is 503 on a schema that is behind, 200 once it is migrated") {
   TestBackend backend;
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   AdminPort admin;
   auto o = options_for(backend);
   o.admin_listen = admin.listen();

@@ -47,7 +47,7 @@ std::int64_t count_prefix(Db& db, const std::string& tenant, const std::string& 
 
 TEST_CASE("ops: two replicas clean up concurrently, exactly the expired rows, in batches") {
   TestBackend backend;
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   constexpr int kBatch = 50;
 
   auto options = [&] {

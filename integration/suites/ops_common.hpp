@@ -3,9 +3,6 @@
 // where counts must be exact, a parser for the Prometheus text format, the admin API from
 // the outside, and the JSON log lines the sidecar writes.
 #include <algorithm>
-#include <cctype>
-#include <cmath>
-#include <cstdlib>
 #include <map>
 #include <optional>
 #include <string>
@@ -13,10 +10,9 @@
 #include <vector>
 
 #include "common.hpp"
+#include "test_support/prometheus.hpp"
 
 namespace idem::it::ops {
-
-using suite::FreshDatabase;
 
 // `url` with `password` added: in the user-info of a URI (the usual spelling), else as a
 // conninfo keyword. A trust-auth server never asks for it, so it changes nothing but what
@@ -35,159 +31,17 @@ inline std::string with_password(const std::string& url, const std::string& pass
 
 // ------------------------------------------------------------------ Prometheus exposition
 
-struct Sample {
-  std::string name;
-  std::map<std::string, std::string> labels;
-  double value = 0;
-};
-
-struct Exposition {
-  std::vector<Sample> samples;
-  std::map<std::string, std::string> types;  // family name -> counter | gauge | histogram
-
-  // The sample with exactly these labels, or nullopt.
-  std::optional<double> find(std::string_view name,
-                             const std::map<std::string, std::string>& labels = {}) const {
-    for (const auto& s : samples) {
-      if (s.name == name && s.labels == labels) return s.value;
-    }
-    return std::nullopt;
-  }
-  // Like find(), failing the test when the sample is missing.
-  double value(std::string_view name, const std::map<std::string, std::string>& labels = {}) const {
-    const auto v = find(name, labels);
-    if (!v) {
-      std::string what = "no sample " + std::string(name) + "{";
-      for (const auto& [k, val] : labels) what += k + "=\"" + val + "\",";
-      fail(what + "} in the scrape");
-    }
-    return *v;
-  }
-  // Sum over every sample of `name` whose labels include `subset`.
-  double sum(std::string_view name, const std::map<std::string, std::string>& subset = {}) const {
-    double total = 0;
-    for (const auto& s : samples) {
-      if (s.name != name) continue;
-      bool match = true;
-      for (const auto& [k, v] : subset) {
-        auto it = s.labels.find(k);
-        match = match && it != s.labels.end() && it->second == v;
-      }
-      if (match) total += s.value;
-    }
-    return total;
-  }
-  bool has_family(std::string_view name) const { return types.count(std::string(name)) != 0; }
-};
-
-// Parses the text format 0.0.4 strictly: `name{label="value",...} value` lines, HELP and
-// TYPE comments, escapes in label values. Fails the test on anything else, and on a sample
-// whose family has no TYPE line before it.
-inline Exposition parse_exposition(std::string_view text) {
-  Exposition out;
-  auto is_name_char = [](char c, bool first) {
-    return std::isalpha(static_cast<unsigned char>(c)) || c == '_' || c == ':' ||
-           (!first && std::isdigit(static_cast<unsigned char>(c)));
-  };
-  std::size_t line_no = 0;
-  while (!text.empty()) {
-    const auto nl = text.find('\n');
-    if (nl == std::string_view::npos) fail("the exposition does not end with a newline");
-    const std::string_view line = text.substr(0, nl);
-    text.remove_prefix(nl + 1);
-    ++line_no;
-    const std::string where = "exposition line " + std::to_string(line_no) + " '" +
-                              std::string(line) + "': ";
-    if (line.empty()) continue;
-    if (line.front() == '#') {
-      if (line.starts_with("# TYPE ")) {
-        const auto rest = line.substr(7);
-        const auto sp = rest.find(' ');
-        if (sp == std::string_view::npos) fail(where + "TYPE without a type");
-        out.types[std::string(rest.substr(0, sp))] = std::string(rest.substr(sp + 1));
-      } else if (!line.starts_with("# HELP ")) {
-        fail(where + "unknown comment");
-      }
-      continue;
-    }
-    Sample s;
-    std::size_t i = 0;
-    while (i < line.size() && is_name_char(line[i], i == 0)) ++i;
-    if (i == 0) fail(where + "no metric name");
-    s.name = std::string(line.substr(0, i));
-    if (i < line.size() && line[i] == '{') {
-      ++i;
-      while (i < line.size() && line[i] != '}') {
-        const auto start = i;
-        while (i < line.size() && is_name_char(line[i], i == start)) ++i;
-        const std::string label(line.substr(start, i - start));
-        if (label.empty() || i + 1 >= line.size() || line[i] != '=' || line[i + 1] != '"') {
-          fail(where + "malformed label");
-        }
-        i += 2;
-        std::string value;
-        for (;;) {
-          if (i >= line.size()) fail(where + "unterminated label value");
-          const char c = line[i++];
-          if (c == '"') break;
-          if (c == '\\') {
-            if (i >= line.size()) fail(where + "dangling escape");
-            const char e = line[i++];
-            if (e == 'n') value += '\n';
-            else if (e == '\\' || e == '"') value += e;
-            else fail(where + "unknown escape");
-          } else {
-            value += c;
-          }
-        }
-        if (!s.labels.emplace(label, value).second) fail(where + "duplicate label");
-        if (i < line.size() && line[i] == ',') ++i;
-      }
-      if (i >= line.size()) fail(where + "unterminated label set");
-      ++i;  // '}'
-    }
-    if (i >= line.size() || line[i] != ' ') fail(where + "no space before the value");
-    const std::string value(line.substr(i + 1));
-    if (value == "+Inf") {
-      s.value = INFINITY;
-    } else if (value == "-Inf") {
-      s.value = -INFINITY;
-    } else if (value == "NaN") {
-      s.value = NAN;
-    } else {
-      char* end = nullptr;
-      s.value = std::strtod(value.c_str(), &end);
-      if (value.empty() || end != value.c_str() + value.size()) fail(where + "bad value");
-    }
-    // A sample belongs to a family declared before it (histograms add suffixes).
-    std::string family = s.name;
-    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-      if (!out.types.count(family) && family.ends_with(suffix)) {
-        family.resize(family.size() - std::string_view(suffix).size());
-      }
-    }
-    if (!out.types.count(family)) fail(where + "sample before its TYPE line");
-    out.samples.push_back(std::move(s));
-  }
-  return out;
-}
+// The strict text-format parser (test_support/prometheus.hpp).
+using test::Exposition;
+using test::parse_exposition;
+using test::Sample;
 
 // ------------------------------------------------------------------ the admin API
 
 // RFC 3986: everything but unreserved characters percent-encoded.
 inline std::string url_encode(std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
   std::string out;
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    if (std::isalnum(c) || ch == '-' || ch == '.' || ch == '_' || ch == '~') {
-      out += ch;
-    } else {
-      out += '%';
-      out += kHex[c >> 4];
-      out += kHex[c & 15];
-    }
-  }
+  text::append_uri_component(out, s);
   return out;
 }
 

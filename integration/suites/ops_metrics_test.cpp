@@ -21,7 +21,7 @@ const std::vector<std::string> kOutcomes = {"created",  "replayed",        "key_
 
 TEST_CASE("ops: /metrics counts a scripted mix exactly; the access log leaks nothing") {
   TestBackend backend;
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   AdminPort admin;
   const std::string body_marker = unique("BODYMARK");
   const std::string key_marker = unique("KEYMARK");

@@ -83,12 +83,16 @@ TEST_CASE("replay cache: retries are answered from memory with the stored answer
   CHECK(count_rows(db, tenant) == 1);
 
   SUBCASE("purged through the replica that answers next") {
+    const double heard_a = a.notifications();
     HttpClient admin_b(b.admin.port);
     REQUIRE(admin_b.request("DELETE", record_path(tenant, "POST /orders", key), bearer(token)).status == 204);
     // No waiting: the purging replica forgot the record before it answered.
     auto fresh = order(b, tenant, key);
     CHECK(fresh.status == 201);
     CHECK_FALSE(fresh.has_header("Idempotent-Replayed"));
+    // The other replica forgets it when the notification arrives (architecture.md): the
+    // checks below ask it for the new record, so they wait for that first.
+    wait_until([&] { return a.notifications() > heard_a; }, 10s, "replica a to hear of the purge");
   }
   SUBCASE("purged through the other replica") {
     const double heard = b.notifications();
@@ -199,7 +203,7 @@ TEST_CASE("replay cache: without its listening session it empties and every retr
 
 TEST_CASE("replay cache: without the change trigger it never serves, and starts once the trigger is back") {
   TestBackend backend;
-  FreshDatabase fresh;
+  ScratchDatabase fresh;
   Db db(fresh.url());
   // The schema first, then the trigger switched off, as a schema behind migration 0002 or
   // an operator's ALTER TABLE would leave it: deletions would go unannounced.

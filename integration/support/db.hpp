@@ -1,71 +1,15 @@
 #pragma once
-// Synchronous PostgreSQL access for test assertions ("what row did the sidecar leave?")
-// and setup (truncate, age a lease). Blocking libpq is right here: the test thread has
-// nothing else to do. Statements are parameterized only; values travel as text, results
-// come back as text (NULL as nullopt), exactly as psql would show them.
-#include <concepts>
-#include <cstdint>
-#include <memory>
-#include <optional>
-#include <string>
-#include <string_view>
-#include <vector>
-
+// Moved to the shared test support (test_support/postgres.hpp); the harness's names stay.
 #include "support/wait.hpp"
+#include "test_support/postgres.hpp"
 
 namespace idem::it {
 
-// One statement parameter in PostgreSQL's text form; nullopt is SQL NULL.
-class SqlParam {
- public:
-  SqlParam(std::nullopt_t) {}
-  SqlParam(const char* text) : value_(std::string(text)) {}
-  SqlParam(std::string text) : value_(std::move(text)) {}
-  SqlParam(std::string_view text) : value_(std::string(text)) {}
-  SqlParam(bool b) : value_(b ? "true" : "false") {}
-  template <std::integral T>
-    requires(!std::same_as<T, bool> && !std::same_as<T, char>)
-  SqlParam(T n) : value_(std::to_string(n)) {}
-  SqlParam(std::optional<std::string> value) : value_(std::move(value)) {}
-
-  const std::optional<std::string>& value() const { return value_; }
-
- private:
-  std::optional<std::string> value_;
-};
-
-using SqlParams = std::vector<SqlParam>;
-using Row = std::vector<std::optional<std::string>>;
-using Rows = std::vector<Row>;
-
-class Db {
- public:
-  // A libpq URI or conninfo string (e.g. database_url()). Connects at once, with a 10 s
-  // connect timeout unless the string sets one, and a 10 s statement_timeout; throws
-  // Failure naming the server's message when it cannot connect.
-  explicit Db(const std::string& conninfo);
-  ~Db();
-  Db(Db&&) noexcept;
-  Db& operator=(Db&&) noexcept;
-
-  // Rows as text. Throws Failure with SQLSTATE and message on any error.
-  Rows query(std::string_view sql, const SqlParams& params = {});
-  // The single value of a one-row, one-column result (nullopt for NULL); throws otherwise.
-  std::optional<std::string> scalar(std::string_view sql, const SqlParams& params = {});
-  // scalar() as an integer; throws on NULL or non-integer text.
-  std::int64_t scalar_int(std::string_view sql, const SqlParams& params = {});
-  // Runs a statement and returns the affected row count (0 for utility statements).
-  std::int64_t exec(std::string_view sql, const SqlParams& params = {});
-
-  // True if the connection is usable (e.g. after a pgctl stop it is not).
-  bool connected() const;
-  // Reconnects if the connection broke (the server was restarted); throws if it cannot.
-  // Statements also do this by themselves before running on a broken connection.
-  void ensure_connected();
-
- private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
-};
+using test::Db;
+using test::Row;
+using test::Rows;
+using test::ScratchDatabase;
+using test::SqlParam;
+using test::SqlParams;
 
 }  // namespace idem::it

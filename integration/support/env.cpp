@@ -8,25 +8,6 @@ namespace idem::it {
 
 namespace fs = std::filesystem;
 
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr) {
-    return std::nullopt;
-  }
-  return std::string(value);
-}
-
-std::string database_url() {
-  auto url = env("DATABASE_URL");
-  if (!url || url->empty()) {
-    throw Failure(
-        "DATABASE_URL is not set. Run the integration tests through scripts/test (it starts "
-        "a throwaway PostgreSQL), or export DATABASE_URL=postgresql://user@host:port/db "
-        "pointing at a database the tests may write to.");
-  }
-  return *url;
-}
-
 void pgctl(std::string_view action, Millis timeout) {
   auto script = env("IDEM_TEST_PGCTL");
   if (!script || script->empty()) {

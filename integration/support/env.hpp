@@ -12,14 +12,13 @@
 #include <string_view>
 
 #include "support/wait.hpp"
+#include "test_support/postgres.hpp"
 
 namespace idem::it {
 
-// The variable's value, or nullopt when unset (an empty value counts as set).
-std::optional<std::string> env(const char* name);
-
-// DATABASE_URL; throws Failure explaining how to provide it when unset or empty.
-std::string database_url();
+// env() and database_url() (test_support/postgres.hpp).
+using test::database_url;
+using test::env;
 
 // Runs "$IDEM_TEST_PGCTL <action>" (start, stop or status) and waits for it; throws
 // Failure with the script's output if it fails or IDEM_TEST_PGCTL is unset. `stop` waits

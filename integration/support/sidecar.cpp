@@ -6,6 +6,7 @@
 #include <cctype>
 #include <sstream>
 
+#include "common/text.hpp"
 #include "support/env.hpp"
 #include "support/http.hpp"
 
@@ -27,10 +28,8 @@ std::string quote(std::string_view text) {
       case '\t': out += "\\t"; break;
       default:
         if (c < 0x20 || c == 0x7f) {
-          constexpr char hex[] = "0123456789abcdef";
           out += "\\x";
-          out += hex[c >> 4];
-          out += hex[c & 0xf];
+          idem::text::append_hex_digits(out, c, 2);
         } else {
           out += ch;
         }

@@ -45,22 +45,11 @@ BackendCall to_call(const json::value& v) {
 }  // namespace
 
 std::optional<std::string> BackendCall::header(std::string_view name) const {
-  for (const auto& [n, v] : headers) {
-    if (iequals(n, name)) {
-      return v;
-    }
-  }
-  return std::nullopt;
+  return test::header_value(headers, name);
 }
 
 std::vector<std::string> BackendCall::headers_named(std::string_view name) const {
-  std::vector<std::string> out;
-  for (const auto& [n, v] : headers) {
-    if (iequals(n, name)) {
-      out.push_back(v);
-    }
-  }
-  return out;
+  return test::header_values(headers, name);
 }
 
 TestBackend::TestBackend() : TestBackend(Options{}) {}

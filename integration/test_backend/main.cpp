@@ -11,6 +11,11 @@
 //   X-Test-Delay-Ms: N               wait N ms before answering (after any hold)
 //   X-Test-Close: before-response    record, then reset the connection without answering
 //   X-Test-Body-Size: N              answer N bytes of 'x' instead of the JSON order
+//   X-Test-Header-Hex: HEX           hex of "Name: value" (any bytes): replaces that response
+//                                    header (repeatable)
+//   X-Test-Raw-Response-Hex: HEX     write exactly these bytes as the response
+//   X-Test-Stray-Hex: HEX            with Raw-Response: bytes written on this connection
+//                                    just before its next response (a late body)
 // Control endpoints: GET /__calls, POST /__release/NAME, POST /__reset, GET /__health.
 #include <charconv>
 #include <cstdio>

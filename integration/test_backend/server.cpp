@@ -16,6 +16,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/this_coro.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/core/tcp_stream.hpp>
@@ -27,6 +28,8 @@
 #include <boost/beast/http/write.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
+
+#include "common/text.hpp"
 
 namespace idem::test_backend {
 
@@ -81,6 +84,38 @@ Response text_response(const Request& req, http::status status, std::string body
   return res;
 }
 
+using text::from_hex;
+
+// X-Test-Header-Hex: each value is the hex of "Name: value" (any bytes, so a test can send
+// what a client could not put in a request header); those names replace the backend's own.
+void apply_header_overrides(const Request& req, Response& res) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const auto& field : req) {
+    if (!beast::iequals(field.name_string(), "X-Test-Header-Hex")) {
+      continue;
+    }
+    const auto line = from_hex(field.value());
+    if (!line) {
+      continue;
+    }
+    const auto colon = line->find(':');
+    if (colon == std::string::npos) {
+      continue;
+    }
+    std::string value = line->substr(colon + 1);
+    if (!value.empty() && value.front() == ' ') {
+      value.erase(0, 1);
+    }
+    overrides.emplace_back(line->substr(0, colon), std::move(value));
+  }
+  for (const auto& [name, value] : overrides) {
+    res.erase(name);
+  }
+  for (const auto& [name, value] : overrides) {
+    res.insert(name, value);
+  }
+}
+
 Response business_response(const Request& req, const CallRecord& call) {
   unsigned status = req.method() == http::verb::post ? 201 : 200;
   if (auto wanted = header(req, "X-Test-Status")) {
@@ -121,6 +156,7 @@ Response business_response(const Request& req, const CallRecord& call) {
       res.body() = json::serialize(order);
     }
   }
+  apply_header_overrides(req, res);
   res.keep_alive(req.keep_alive());
   res.prepare_payload();
   if (status == 204 || status == 304) {
@@ -192,6 +228,9 @@ asio::awaitable<void> Server::run() {
 asio::awaitable<void> Server::session(tcp::socket socket) {
   beast::tcp_stream stream(std::move(socket));
   beast::flat_buffer buffer;
+  // X-Test-Stray-Hex: bytes owed from the previous answer on this connection, written just
+  // before the next answer (a body the backend sent late, after a bodiless status).
+  std::string stray;
   for (;;) {
     http::request_parser<http::string_body> parser;
     parser.header_limit(kHeaderLimit);
@@ -267,8 +306,36 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
       break;
     }
     stream.expires_after(kWriteTimeout);
-    auto [write_ec, write_n] = co_await http::async_write(stream, res, tuple_awaitable);
-    (void)write_n;
+    if (!stray.empty()) {
+      auto [ec, n] = co_await asio::async_write(stream, asio::buffer(stray), tuple_awaitable);
+      (void)n;
+      stray.clear();
+      if (ec) {
+        call->client_gone = true;
+        recorder_.mark_completed(*call);
+        break;
+      }
+    }
+    boost::system::error_code write_ec;
+    if (auto raw = header(req, "X-Test-Raw-Response-Hex")) {
+      // Exactly these bytes instead of the response above, framing and all.
+      const auto bytes = from_hex(*raw).value_or("");
+      if (auto owed = header(req, "X-Test-Stray-Hex")) {
+        stray = from_hex(*owed).value_or("");
+      }
+      if (bytes.size() >= 12) {
+        if (auto parsed = parse_number<unsigned>(std::string_view(bytes).substr(9, 3))) {
+          call->status = static_cast<int>(*parsed);
+        }
+      }
+      auto [ec, n] = co_await asio::async_write(stream, asio::buffer(bytes), tuple_awaitable);
+      (void)n;
+      write_ec = ec;
+    } else {
+      auto [ec, n] = co_await http::async_write(stream, res, tuple_awaitable);
+      (void)n;
+      write_ec = ec;
+    }
     if (write_ec) {
       call->client_gone = true;
     } else {

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include "common/text.hpp"
+#include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 
 namespace idem::admin {
@@ -73,7 +75,7 @@ bool is_read(http::verb m) { return m == http::verb::get || m == http::verb::hea
 
 json::value timestamp_or_null(std::int64_t epoch_us) {
   if (epoch_us == 0) return nullptr;
-  return json::value(detail::rfc3339_from_us(epoch_us));
+  return json::value(rfc3339_from_us(epoch_us));
 }
 
 // What an operator may see of a record: its state and timing, never the stored body or
@@ -86,6 +88,7 @@ json::object describe(const store::RecordId& id, const store::Record& rec) {
   o["key_hash"] = idempotency::log_hash(id.tenant, id.key);  // as in the access log
   o["state"] = rec.state == store::State::completed ? "completed" : "in_progress";
   o["attempt"] = rec.attempt;
+  o["fencing_token"] = rec.fence;
   o["created_at"] = timestamp_or_null(rec.created_at_us);
   o["completed_at"] = timestamp_or_null(rec.completed_at_us);
   o["expires_at"] = timestamp_or_null(rec.expires_at_us);
@@ -123,22 +126,14 @@ std::string peer_text(const server::RequestContext& ctx) {
 namespace detail {
 
 std::optional<std::string> percent_decode(std::string_view segment) {
-  auto hex = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
   std::string out;
   out.reserve(segment.size());
   for (std::size_t i = 0; i < segment.size(); ++i) {
     char c = segment[i];
     if (c == '%') {
-      if (i + 2 >= segment.size()) return std::nullopt;
-      const int hi = hex(segment[i + 1]);
-      const int lo = hex(segment[i + 2]);
-      if (hi < 0 || lo < 0) return std::nullopt;
-      c = static_cast<char>(hi * 16 + lo);
+      const int byte = text::percent_byte(segment, i);
+      if (byte < 0) return std::nullopt;
+      c = static_cast<char>(byte);
       i += 2;
     }
     if (c == '\0') return std::nullopt;
@@ -206,19 +201,6 @@ bool is_loopback(const asio::ip::address& address) {
     return v6.is_loopback();
   }
   return address.is_loopback();
-}
-
-std::string rfc3339_from_us(std::int64_t epoch_us) {
-  auto secs = static_cast<std::time_t>(epoch_us / 1'000'000);
-  auto frac = epoch_us % 1'000'000;
-  if (frac < 0) {
-    frac += 1'000'000;
-    --secs;
-  }
-  std::tm utc{};
-  gmtime_r(&secs, &utc);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:06}Z", utc.tm_year + 1900,
-                     utc.tm_mon + 1, utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, frac);
 }
 
 }  // namespace detail
@@ -373,8 +355,6 @@ asio::awaitable<server::Response> Handler::records(const server::Request& reques
   auto op = deps_.store->purge(id);
   auto r = co_await within(deps_.store_deadline, std::move(op));
   deps_.metrics->store_duration(StoreOp::purge, seconds_since(t0));
-  // Even when the outcome is unknown: forgetting a record that still exists costs one read.
-  if (deps_.on_purged) deps_.on_purged(id);
   if (!r || !*r) {
     deps_.metrics->store_error(r ? obs::store_error_kind(r->error()) : "timeout");
     // Unknown whether the DELETE committed; purging again is harmless.

@@ -52,7 +52,9 @@ struct Readiness {
 using ReadinessProbe = std::function<asio::awaitable<Readiness>()>;
 
 struct Dependencies {
-  store::Store* store = nullptr;   // record lookups, purges, the in-progress gauge
+  // Record lookups, purges, the in-progress gauge. With the replay cache in front of it
+  // (gateway::CachingStore), a purge also forgets the record in this process.
+  store::Store* store = nullptr;
   obs::Metrics* metrics = nullptr;
   ReadinessProbe readiness;        // empty: /readyz only reflects draining
   // admin.token as configured now; "" = loopback clients only. Called per request, so a
@@ -60,9 +62,6 @@ struct Dependencies {
   std::function<std::string()> token;
   // Bound on each store call the handler makes (record calls, the scrape-time sample).
   Millis store_deadline{1000};
-  // After every purge attempt, before answering: forget the record in this process (the
-  // replay cache), so that this replica never replays it once the DELETE has returned.
-  std::function<void(const store::RecordId&)> on_purged;
 };
 
 class Handler {
@@ -136,9 +135,6 @@ bool token_equals(std::string_view presented, std::string_view expected);
 std::optional<std::string_view> bearer_token(std::string_view authorization);
 
 bool is_loopback(const asio::ip::address& address);
-
-// Unix epoch microseconds as RFC 3339 UTC with microseconds: 2024-05-01T12:00:00.123456Z.
-std::string rfc3339_from_us(std::int64_t epoch_us);
 
 }  // namespace detail
 }  // namespace idem::admin

@@ -1,14 +1,15 @@
 #include "common/json_text.hpp"
 
+#include "common/text.hpp"
+
 namespace idem::text {
 namespace {
 
 constexpr std::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
 
 void append_u_escape(std::string& out, unsigned value) {
-  static constexpr char kHex[] = "0123456789abcdef";
   out += "\\u";
-  for (int shift = 12; shift >= 0; shift -= 4) out += kHex[(value >> shift) & 0xf];
+  append_hex_digits(out, value, 4);
 }
 
 }  // namespace

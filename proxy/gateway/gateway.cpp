@@ -12,35 +12,22 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gateway/exchange.hpp"
 #include "gateway/headers.hpp"
+#include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
+#include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
+#include "common/time_text.hpp"
 #include "observability/logging.hpp"
 
 namespace idem::gateway {
 namespace {
 
-using idempotency::Action;
+using idempotency::Step;
 using obs::Outcome;
 using obs::StoreOp;
-
-constexpr std::string_view kOperationIdHeader = "X-Idempotency-Operation-Id";
-constexpr std::string_view kAttemptHeader = "X-Idempotency-Attempt";
-// A protected request never needs more than a handful of store rounds; the bound only
-// stops a pathological livelock (rows appearing and vanishing) from spinning forever.
-constexpr int kMaxRounds = 256;
-constexpr Millis kFirstPoll{20};
-constexpr Millis kMaxPoll{500};
-
-double seconds_since(SteadyClock::time_point t) {
-  return std::chrono::duration<double>(SteadyClock::now() - t).count();
-}
-
-std::string_view trim(std::string_view v) {
-  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
-  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  return v;
-}
+using obs::store_error_kind;
 
 // Tenants arrive from a trusted authenticating layer; anything but one short token of
 // visible ASCII is a misconfiguration in front of us and must not scope a record.
@@ -49,57 +36,31 @@ bool valid_tenant(std::string_view t) {
   return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
+}  // namespace
+
+double seconds_since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
 std::string retry_after_seconds(Millis d) {
   const auto secs = std::max<long long>(1, (d.count() + 999) / 1000);
   return std::to_string(secs);
 }
 
-using obs::store_error_kind;
-
-}  // namespace
-
-// Everything one request accumulates on its way through; also feeds the access log.
-struct Gateway::Exchange {
-  server::Request& request;
-  const server::RequestContext& context;
-  std::shared_ptr<const Runtime> runtime;
-  const CompiledRoute* route = nullptr;
-  unsigned version = 11;
-  bool keep_alive = true;
-  std::string method;
-  std::string path;
-  std::string query;
-
-  std::string tenant;
-  std::string key;
-  std::string fingerprint;
-  std::string principal;
-  store::RecordId id;
-  std::string waiter_key;
-  std::string operation_id;  // computed once, when first needed
-
-  Outcome outcome = Outcome::passthrough;
-  bool from_cache = false;
-  std::string_view code;
-  std::int64_t attempt = 0;
-  double store_seconds = -1;
-  double upstream_seconds = -1;
-  std::string key_hash;
-};
-
 Gateway::Gateway(Dependencies deps) : deps_(std::move(deps)) {}
-
-namespace {
 
 server::Response problem(const Gateway::Exchange& x, http::status status, std::string_view code,
                          std::string_view title, std::string_view detail) {
   return server::make_problem(status, code, title, detail, x.version, x.keep_alive);
 }
 
-// The response the client sees from the upstream: per-hop fields belong to our hop.
+// The response the client sees from the upstream: per-hop fields belong to our hop, and
+// the replay markers are idemproxy's alone (a backend's own would make this first answer
+// read as a replay).
 server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) {
   server::Response res = std::move(up);
   strip_hop_by_hop(res.base());
+  strip_replay_markers(res.base());
   res.version(x.version);
   res.keep_alive(x.keep_alive);
   // A HEAD answer carries the length the GET would have; recomputing it from the empty
@@ -108,15 +69,54 @@ server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) 
   return res;
 }
 
+// A recorded answer. `as_replay`: marked as one (a retry's answer); not marked when it is
+// the operation's first answer to reach a client (a backend that recorded other than what
+// it sent: the record wins).
+server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x,
+                        bool as_replay) {
+  server::Response res{static_cast<http::status>(stored.status), x.version};
+  for (const auto& h : stored.headers) res.insert(h.name, h.value);
+  if (as_replay) res.set(std::string(kReplayedHeader), "true");
+  if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
+  res.body() = stored.body;
+  res.keep_alive(x.keep_alive);
+  res.prepare_payload();
+  return res;
+}
+
+std::string forwarded_for(const Gateway::Exchange& x) {
+  std::string chain;
+  for (auto v : field_values(x.request.base(), "X-Forwarded-For")) {
+    if (!chain.empty()) chain += ", ";
+    chain += v;
+  }
+  if (!chain.empty()) chain += ", ";
+  if (x.context.peer_address.empty()) {
+    chain += x.context.peer.address().to_string();
+  } else {
+    chain += x.context.peer_address;
+  }
+  return chain;
+}
+
+namespace {
+
 store::StoredResponse capture(const upstream::Response& res, const settings::RouteSettings& rs) {
   store::StoredResponse out;
   out.status = static_cast<int>(res.result_int());
   for (const auto& f : res.base()) {
     const std::string_view name = f.name_string();
-    const bool wanted = std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
+    const auto is = [&](std::string_view m) { return iequals(m, name); };
+    const bool marker = std::any_of(kReplayMarkers.begin(), kReplayMarkers.end(), is) ||
+                        std::any_of(kBackendControls.begin(), kBackendControls.end(), is);
+    const bool wanted = !marker &&
+                        std::any_of(rs.replay_headers.begin(), rs.replay_headers.end(),
                                     [&](const std::string& h) { return iequals(h, name); });
+    // Values are kept as the exact bytes the backend sent (store/header_codec.hpp).
     if (wanted) out.headers.push_back({std::string(name), std::string(f.value())});
-    if (iequals(name, "Location") && out.resource_id.empty()) out.resource_id = f.value();
+    if (iequals(name, "Location") && out.resource_id.empty()) {
+      out.resource_id = resource_id_from_location(f.value());
+    }
   }
   if (res.body().size() > rs.max_stored_body) {
     out.body_omitted = true;
@@ -126,15 +126,14 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
   return out;
 }
 
-server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x) {
-  server::Response res{static_cast<http::status>(stored.status), x.version};
-  for (const auto& h : stored.headers) res.insert(h.name, h.value);
-  res.set("Idempotent-Replayed", "true");
-  if (stored.body_omitted) res.set("Idempotent-Replay-Body", "omitted");
-  res.body() = stored.body;
-  res.keep_alive(x.keep_alive);
-  res.prepare_payload();
-  return res;
+// The request as every decision below reads it and as the backend receives it, made in
+// one place before anything is decided (gateway/inbound.hpp).
+std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
+  const auto check = check_inbound(x.request.base(), x.method, x.path, *x.runtime, x.route);
+  if (check.ok) return std::nullopt;
+  x.outcome = Outcome::rejected;
+  x.code = "bad_request";
+  return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
 // Times one store call and accounts its failure; the caller decides what a failure means.
@@ -146,7 +145,10 @@ asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, St
   const double took = seconds_since(t0);
   x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
   metrics.store_duration(op, took);
-  if (!r) metrics.store_error(store_error_kind(r.error()));
+  if (!r) {
+    metrics.store_error(store_error_kind(r.error()));
+    x.store_error = r.error();
+  }
   co_return r;
 }
 
@@ -166,12 +168,15 @@ struct LeaseKeeper {
   bool stopped = false;
 };
 
+// `backend_completes`: the backend may complete the record before it answers, after which a
+// renewal matches nothing without anything being fenced; the renewals then simply stop.
 std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store::RecordId id,
-                                                std::int64_t attempt, Millis lease) {
+                                                store::Ownership owner, Millis lease,
+                                                bool backend_completes) {
   auto keeper = std::make_shared<LeaseKeeper>(deps.executor);
   const Millis period = std::max(Millis{50}, lease / 3);
-  auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), attempt,
-                   lease, period]() -> asio::awaitable<void> {
+  auto renewals = [keeper, store = deps.store, metrics = deps.metrics, id = std::move(id), owner,
+                   lease, period, backend_completes]() -> asio::awaitable<void> {
     // The first renewal is due now: the timer below has already waited one period.
     for (bool due = true; !keeper->stopped; due = false) {
       if (!due) {
@@ -181,7 +186,7 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         if (keeper->stopped) co_return;
       }
       const auto t0 = SteadyClock::now();
-      auto renewed = co_await store->renew(id, attempt, lease);
+      auto renewed = co_await store->renew(id, owner.fence, lease);
       metrics->store_duration(StoreOp::renew, seconds_since(t0));
       if (keeper->stopped) co_return;  // completion won the race: nothing to renew
       if (!renewed) {
@@ -191,9 +196,12 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
         continue;
       }
       if (!*renewed) {
-        // A newer attempt owns the row: our completion will be fenced too.
+        if (backend_completes) co_return;  // completed by the backend, or fenced: the
+                                           // answer's own step tells which
+        // Another claim owns the row: our completion will be fenced too.
         metrics->fenced_write();
-        spdlog::warn("lease renewal fenced: attempt {} no longer owns the record", attempt);
+        spdlog::warn("lease renewal fenced: attempt {} (fencing token {}) no longer owns the record",
+                     owner.attempt, owner.fence);
         co_return;
       }
       metrics->lease_renewal();
@@ -221,14 +229,11 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
     x.path = std::string(parts.path);
     x.query = std::string(parts.query);
   }
-  // The backend trusts these as the sidecar's word (dedupe, fencing): a client must never
-  // be able to supply them, on any route.
-  request.erase(std::string(kOperationIdHeader));
-  request.erase(std::string(kAttemptHeader));
-
   server::Response res;
   x.route = x.runtime->match(x.method, x.path);
-  if (x.route) {
+  if (auto refused = inbound_refusal(x)) {
+    res = std::move(*refused);
+  } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
     x.outcome = Outcome::rejected;
@@ -256,6 +261,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   rec.key_hash = x.key_hash;
   rec.code = x.code;
   rec.from_cache = x.from_cache;
+  rec.fenced = x.fenced;
   // The line joins the others of this pass of the event loop; the first one of a pass
   // schedules the write of them all (one write(2) for many requests under load).
   if (obs::log_access_batched(rec)) asio::post(deps_.executor, [] { obs::flush_access_log(); });
@@ -264,7 +270,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
 
 asio::awaitable<server::Response> Gateway::pass_through(Exchange& x) {
   x.outcome = Outcome::passthrough;
-  auto out = co_await forward(x, 0);
+  auto out = co_await forward(x, nullptr);
   switch (out.failure) {
     case upstream::Failure::none:
       co_return to_client(std::move(out.response), x);
@@ -286,33 +292,25 @@ asio::awaitable<server::Response> Gateway::pass_through(Exchange& x) {
                     "the upstream's response was malformed or larger than allowed");
 }
 
-asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t attempt) {
+asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ownership* owner) {
   const auto& up_settings = x.runtime->settings().upstream;
   upstream::Request up;
   up.method_string(x.request.method_string());
   up.version(11);
-  up.target(up_settings.base_path + std::string(x.request.target()));
+  // "*" (OPTIONS) names the server as a whole, so no base path goes in front of it.
+  const std::string_view target = x.request.target();
+  up.target(target == "*" ? std::string(target) : up_settings.base_path + std::string(target));
   for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.
-  {
-    std::string chain;
-    for (auto v : field_values(up.base(), "X-Forwarded-For")) {
-      if (!chain.empty()) chain += ", ";
-      chain += v;
-    }
-    if (!chain.empty()) chain += ", ";
-    if (x.context.peer_address.empty()) {
-      chain += x.context.peer.address().to_string();
-    } else {
-      chain += x.context.peer_address;
-    }
-    up.set("X-Forwarded-For", chain);
-  }
-  if (attempt > 0) {
-    if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
-    up.set(std::string(kOperationIdHeader), x.operation_id);
-    up.set(std::string(kAttemptHeader), std::to_string(attempt));
+  up.set("X-Forwarded-For", forwarded_for(x));
+  if (owner != nullptr) {
+    if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
+    const auto& rs = *x.route->settings;
+    set_owner_headers(up.base(), x.operation_id, *owner,
+                      rs.completion == settings::Completion::backend
+                          ? idempotency::record_reference(owner->fence, rs.retention, rs.scope, x.key)
+                          : std::string());
   }
   up.body() = std::move(x.request.body());
   up.prepare_payload();
@@ -325,380 +323,545 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, std::int64_t at
   co_return out;
 }
 
-asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
+namespace {
+
+// --- The protocol's answers, each setting its outcome and problem code ---------------------
+
+server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec) {
   const auto& rs = *x.route->settings;
-  const auto& cfg = x.runtime->settings();
+  x.outcome = Outcome::store_unavailable;
+  x.code = "idempotency_store_unavailable";
+  spdlog::warn("store unavailable for route {}: {}", rs.name, ec.message());
+  // A fenced owner reading the record did forward its attempt: say so.
+  const bool forwarded = x.owner.fence != 0;
+  auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
+                     forwarded ? "the idempotency store could not be reached in time after the "
+                                 "upstream answered; retry with the same key"
+                               : "the idempotency store could not be reached in time; nothing "
+                                 "was forwarded");
+  res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+  return res;
+}
+
+// An owner holds the upstream's answer but the record does not: the store failed, or the
+// owner was fenced and the record holds nothing it may replay. The answer stays unsent, so
+// that every client of this key sees what the record will say; `retry_after` is when a
+// retry can find the key free or taken over.
+server::Response unrecorded(Gateway::Exchange& x, std::string_view detail, Millis retry_after) {
+  x.outcome = Outcome::store_unavailable;
+  x.code = "idempotency_store_unavailable";
+  auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
+                     detail);
+  res.set(http::field::retry_after, retry_after_seconds(retry_after));
+  return res;
+}
+
+server::Response mismatch(Gateway::Exchange& x) {
+  x.outcome = Outcome::key_reused;
+  x.code = "idempotency_key_reused";
+  return problem(x, static_cast<http::status>(x.route->settings->mismatch_status), x.code,
+                 "Idempotency key reused",
+                 "this key was already used with a different request; use a new key for a new "
+                 "operation");
+}
+
+server::Response forbidden(Gateway::Exchange& x) {
   x.outcome = Outcome::rejected;
+  x.code = "idempotency_key_forbidden";
+  return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
+                 "this key belongs to an operation of another principal");
+}
 
-  const auto key_values = field_values(x.request.base(), rs.key.header);
-  // A key-less request on an optional route is not the store's business: it passes through
-  // unprotected, whatever its tenant header says.
-  if (key_values.empty() && !rs.key.required) co_return co_await pass_through(x);
-
-  const auto tenants = field_values(x.request.base(), cfg.tenant.header);
-  if (tenants.size() != 1 || !valid_tenant(trim(tenants.front()))) {
-    x.code = "tenant_missing";
-    co_return problem(x, http::status::unauthorized, x.code, "Tenant missing",
-                      tenants.empty() ? "the tenant header is missing"
-                                      : "the tenant header must be one value of 1-255 visible "
-                                        "ASCII characters");
-  }
-  x.tenant = std::string(trim(tenants.front()));
-
-  auto parsed = idempotency::parse_key(key_values, rs.key.max_length);
-  if (parsed.status == idempotency::KeyStatus::missing) {
-    x.code = "idempotency_key_missing";
-    co_return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
-                      "this route requires the " + rs.key.header + " header");
-  }
-  if (parsed.status == idempotency::KeyStatus::invalid) {
-    x.code = "idempotency_key_invalid";
-    co_return problem(x, http::status::bad_request, x.code, "Idempotency key invalid",
-                      parsed.reason);
-  }
-  x.key = std::move(parsed.key);
-  x.key_hash = idempotency::log_hash(x.tenant, x.key);
-
-  {
-    idempotency::RequestParts parts;
-    parts.method = x.method;
-    const std::string scope_and_path =
-        x.route->templated ? rs.scope + '\n' + x.path : std::string();
-    parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
-    if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
-      parts.content_type = std::string_view(ct->value());
-    parts.body = x.request.body();
-    for (const auto& name : x.route->fingerprint.header_names()) {
-      const auto values = field_values(x.request.base(), name);
-      if (values.empty()) {
-        parts.header_values.emplace_back(std::nullopt);
-      } else {
-        std::string joined;
-        for (auto v : values) {
-          if (!joined.empty()) joined += ", ";
-          joined += v;
-        }
-        parts.header_values.emplace_back(std::move(joined));
-      }
-    }
-    parts.query = x.query;
-    auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
-    if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
-      x.code = "unsupported_media_type";
-      co_return problem(x, http::status::unsupported_media_type, x.code,
-                        "Unsupported media type", fp.reason);
-    }
-    if (fp.status == idempotency::FingerprintStatus::invalid_json) {
-      x.code = "invalid_json";
-      co_return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
-    }
-    x.fingerprint = std::move(fp.value);
-  }
-
-  const bool check_principal = !cfg.tenant.principal_header.empty();
-  if (check_principal) {
-    const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
-    // Only a hash is stored: the record must not become a directory of user ids.
-    x.principal = idempotency::sha256_hex(
-        "idemproxy-principal\n" + std::string(values.empty() ? std::string_view() : trim(values.front())));
-  }
-
-  x.id = store::RecordId{x.tenant, rs.scope, x.key};
-  x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
-  const store::ClaimRequest claim{x.id, x.fingerprint, x.principal, rs.lease, rs.retention};
-
-  auto store_unavailable = [&](const error_code& ec) {
-    x.outcome = Outcome::store_unavailable;
-    x.code = "idempotency_store_unavailable";
-    spdlog::warn("store unavailable for route {}: {}", rs.name, ec.message());
-    auto res = problem(x, http::status::service_unavailable, x.code, "Idempotency store unavailable",
-                       "the idempotency store could not be reached in time; nothing was forwarded");
-    res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
-    return res;
-  };
-
-  // What decide() needs about this request, next to a row (from the cache or the store).
-  auto situation = [&](std::optional<idempotency::RowView> row, bool wait_budget_left) {
-    idempotency::Situation sit;
-    sit.row = row;
-    sit.fingerprint = x.fingerprint;
-    sit.principal = x.principal;
-    sit.check_principal = check_principal;
-    sit.wait_budget_left = wait_budget_left;
-    return sit;
-  };
-  auto mismatch = [&] {
-    x.outcome = Outcome::key_reused;
-    x.code = "idempotency_key_reused";
-    return problem(x, static_cast<http::status>(rs.mismatch_status), x.code,
-                   "Idempotency key reused",
-                   "this key was already used with a different request; use a new key for a new "
-                   "operation");
-  };
-  auto forbidden = [&] {
-    x.code = "idempotency_key_forbidden";
-    return problem(x, http::status::forbidden, x.code, "Idempotency key forbidden",
-                   "this key belongs to an operation of another principal");
-  };
-
-  // A completed record replayed recently is answered from memory (see replay_cache.hpp for
-  // why that answer is always the one the store would give). Only replays, mismatches and
-  // refusals come from here; anything else goes to the store.
-  ReplayCache* const cache = deps_.replay_cache;
-  const bool cache_active = cache != nullptr && cache->active();
-  if (cache_active) {
-    x.operation_id = idempotency::operation_id(x.tenant, x.id.endpoint, x.key);
-    if (auto hit = cache->find(x.operation_id, x.id)) {
-      x.from_cache = true;
-      const idempotency::RowView cached{hit->fingerprint, hit->principal, true, hit->attempt,
-                                        false, false};
-      switch (idempotency::decide(situation(cached, false))) {
-        case Action::replay:
-          x.outcome = Outcome::replayed;
-          x.attempt = hit->attempt;
-          co_return replay(hit->response, x);
-        case Action::reject_mismatch:
-          co_return mismatch();
-        case Action::forbid:
-          co_return forbidden();
-        default:
-          break;
-      }
-    }
-  }
-  // Taken before each store call that may hand back a row, so the row can be cached only
-  // if nothing changed the record since (ReplayCache::Ticket).
-  ReplayCache::Ticket ticket;
-  auto take_ticket = [&] {
-    if (cache_active) ticket = cache->ticket(x.operation_id);
-  };
-  auto cache_row = [&](const store::Record& r) {
-    if (!cache_active || !ticket.valid || r.state != store::State::completed || r.expired ||
-        !r.response) {
-      return;
-    }
-    auto entry = std::make_shared<ReplayCache::Entry>();
-    entry->id = x.id;
-    entry->fingerprint = r.fingerprint;
-    entry->principal = r.principal;
-    entry->attempt = r.attempt;
-    entry->response = *r.response;
-    cache->insert(ticket, x.operation_id, r.retention_remaining, std::move(entry));
-  };
-
-  take_ticket();
-  auto claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
-  if (!claimed) co_return store_unavailable(claimed.error());
-  if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
-
-  // A store that read the row together with the claim (one round trip) hands it over;
-  // otherwise the first round reads it.
-  std::optional<std::optional<store::Record>> prefetched;
-  if (claimed->row_read) prefetched.emplace(std::move(claimed->row));
-  // Registered before the first read so an owner in this process that finishes between
-  // our read and our wait still wakes us. The claim's own read came before this, so a
-  // "wait" decided on it is not trusted: that round reads again (see Action::wait).
-  Waiter waiter(*deps_.waiters, x.waiter_key, deps_.executor);
-  bool read_before_waiter = prefetched.has_value();
-  const auto wait_deadline = SteadyClock::now() + rs.wait;
-  Millis poll = kFirstPoll;
-
-  for (int round = 0; round < kMaxRounds; ++round) {
-    std::optional<result<std::optional<store::Record>>> fetched;
-    if (prefetched) {
-      fetched.emplace(std::move(*prefetched));
-      prefetched.reset();
-    } else {
-      read_before_waiter = false;
-      take_ticket();
-      fetched.emplace(co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.id)));
-    }
-    auto& row = *fetched;
-    if (!row) co_return store_unavailable(row.error());
-
-    std::optional<idempotency::RowView> seen;
-    if (row->has_value()) {
-      const auto& r = **row;
-      seen = idempotency::RowView{r.fingerprint, r.principal, r.state == store::State::completed,
-                                  r.attempt, r.lease_expired, r.expired};
-    }
-    switch (idempotency::decide(situation(seen, SteadyClock::now() < wait_deadline))) {
-      case Action::claim_again: {
-        take_ticket();
-        claimed = co_await timed(*deps_.metrics, x, StoreOp::claim, deps_.store->claim(claim));
-        if (!claimed) co_return store_unavailable(claimed.error());
-        if (claimed->won) co_return co_await run_as_owner(x, claimed->attempt);
-        if (claimed->row_read) {
-          prefetched.emplace(std::move(claimed->row));
-          read_before_waiter = false;  // this claim, and its read, came after the waiter
-        }
-        continue;
-      }
-      case Action::replace_expired: {
-        auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
-                                        deps_.store->replace_expired(claim, (*row)->attempt));
-        if (!replaced) co_return store_unavailable(replaced.error());
-        if (*replaced) co_return co_await run_as_owner(x, **replaced);
-        continue;  // someone else replaced or changed it first: look again
-      }
-      case Action::take_over: {
-        auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
-                                     deps_.store->take_over(x.id, (*row)->attempt, rs.lease));
-        if (!taken) co_return store_unavailable(taken.error());
-        if (*taken) {
-          deps_.metrics->takeover();
-          spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}",
-                       rs.name, x.key_hash, (*row)->attempt, **taken);
-          co_return co_await run_as_owner(x, **taken);
-        }
-        continue;
-      }
-      case Action::reject_mismatch:
-        cache_row(**row);
-        co_return mismatch();
-      case Action::forbid:
-        cache_row(**row);
-        co_return forbidden();
-      case Action::replay: {
-        x.outcome = Outcome::replayed;
-        x.attempt = (*row)->attempt;
-        if (!(*row)->response) {
-          // A completed row always has a response; anything else is a store defect.
-          co_return store_unavailable(make_error_code(errc::store_protocol));
-        }
-        cache_row(**row);
-        co_return replay(*(*row)->response, x);
-      }
-      case Action::wait: {
-        // The owner may have finished between the claim's read and the waiter's
-        // registration, and its wake-up gone to nobody: look again before sleeping.
-        if (read_before_waiter) {
-          read_before_waiter = false;
-          continue;
-        }
-        auto until = std::min(wait_deadline, SteadyClock::now() + poll);
-        // Wake when the owner's lease runs out, to take over without waiting a full poll.
-        const auto lease_left = (*row)->lease_remaining;
-        if (lease_left > Millis{0}) {
-          until = std::min(until, SteadyClock::now() + lease_left + Millis{5});
-        }
-        poll = std::min(kMaxPoll, poll * 2);
-        co_await waiter.wait_until(until);
-        continue;
-      }
-      case Action::answer_in_progress:
-        break;
-    }
-    break;
-  }
-
+server::Response in_progress(Gateway::Exchange& x) {
   x.outcome = Outcome::in_progress;
   x.code = "idempotency_in_progress";
   auto res = problem(x, http::status::conflict, x.code, "Request in progress",
                      "a request with this key is still being processed; retry after the "
                      "indicated delay");
-  res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
-  co_return res;
+  res.set(http::field::retry_after, retry_after_seconds(x.route->settings->retry_after));
+  return res;
 }
 
-asio::awaitable<server::Response> Gateway::run_as_owner(Exchange& x, std::int64_t attempt) {
-  const auto& rs = *x.route->settings;
+server::Response replayed(Gateway::Exchange& x, const store::StoredResponse& stored,
+                          std::int64_t attempt) {
+  x.outcome = Outcome::replayed;
   x.attempt = attempt;
-  ++owners_in_flight_;
-  struct InFlight {
-    std::size_t& n;
-    ~InFlight() { --n; }
-  } in_flight{owners_in_flight_};
+  return replay(stored, x);
+}
 
-  auto keeper = start_lease_keeper(deps_, x.id, attempt, rs.lease);
-  auto out = co_await forward(x, attempt);
-  keeper->stop();
+// The access-log and metric name of a fenced owner's answer, from the outcome it ended in.
+std::string_view fenced_answer(Outcome o) {
+  switch (o) {
+    case Outcome::replayed: return "replayed";
+    case Outcome::in_progress: return "in_progress";
+    case Outcome::key_reused: return "key_reused";
+    case Outcome::rejected: return "forbidden";
+    default: return "unavailable";
+  }
+}
 
-  auto fenced = [&](std::string_view what) {
-    deps_.metrics->fenced_write();
-    spdlog::warn("{} fenced: attempt {} no longer owns the record (route {}, key_hash {})", what,
-                 attempt, rs.name, x.key_hash);
-  };
+// --- What the protocol sees of a row -------------------------------------------------------
 
-  switch (out.failure) {
-    case upstream::Failure::none:
-      break;
-    case upstream::Failure::connect_failed: {
-      // Nothing reached the backend: free the key so the retry starts clean.
-      auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
-      if (released && !*released) fenced("release");
-      deps_.waiters->notify(x.waiter_key);
-      x.outcome = Outcome::released;
-      x.code = "upstream_unavailable";
-      co_return problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
-                        "the upstream refused the connection; the request was not sent and the "
-                        "key was released");
+idempotency::RowView view_of(const store::Record& r) {
+  idempotency::RowView v{r.fingerprint,      r.principal, r.state == store::State::completed,
+                         r.attempt,          r.lease_expired, r.expired,
+                         r.fence,            r.lease_remaining};
+  v.has_resource = r.response && !refetch_target(r.response->resource_id).empty();
+  return v;
+}
+
+// Tenants arrive from a trusted authenticating layer; anything but one short token of
+// visible ASCII is a misconfiguration in front of us and must not scope a record.
+std::optional<server::Response> admit_tenant(Gateway::Exchange& x) {
+  const auto tenants = field_values(x.request.base(), x.runtime->settings().tenant.header);
+  if (tenants.size() != 1 || !valid_tenant(text::trim_ows(tenants.front()))) {
+    x.code = "tenant_missing";
+    return problem(x, http::status::unauthorized, x.code, "Tenant missing",
+                   tenants.empty() ? "the tenant header is missing"
+                                   : "the tenant header must be one value of 1-255 visible "
+                                     "ASCII characters");
+  }
+  x.tenant = std::string(text::trim_ows(tenants.front()));
+  return std::nullopt;
+}
+
+std::optional<server::Response> admit_key(Gateway::Exchange& x) {
+  const auto& rs = *x.route->settings;
+  auto parsed = idempotency::parse_key(field_values(x.request.base(), rs.key.header),
+                                       rs.key.max_length);
+  if (parsed.status == idempotency::KeyStatus::missing) {
+    x.code = "idempotency_key_missing";
+    return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
+                   "this route requires the " + rs.key.header + " header");
+  }
+  if (parsed.status == idempotency::KeyStatus::invalid) {
+    x.code = "idempotency_key_invalid";
+    return problem(x, http::status::bad_request, x.code, "Idempotency key invalid", parsed.reason);
+  }
+  x.key = std::move(parsed.key);
+  x.key_hash = idempotency::log_hash(x.tenant, x.key);
+  return std::nullopt;
+}
+
+std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
+  const auto& rs = *x.route->settings;
+  idempotency::RequestParts parts;
+  parts.method = x.method;
+  const std::string scope_and_path = x.route->templated ? rs.scope + '\n' + x.path : std::string();
+  parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
+  if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
+    parts.content_type = std::string_view(ct->value());
+  parts.body = x.request.body();
+  for (const auto& name : x.route->fingerprint.header_names()) {
+    const auto values = field_values(x.request.base(), name);
+    if (values.empty()) {
+      parts.header_values.emplace_back(std::nullopt);
+      continue;
     }
+    std::string joined;
+    for (auto v : values) {
+      if (!joined.empty()) joined += ", ";
+      joined += v;
+    }
+    parts.header_values.emplace_back(std::move(joined));
+  }
+  parts.query = x.query;
+  auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
+  if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
+    x.code = "unsupported_media_type";
+    return problem(x, http::status::unsupported_media_type, x.code, "Unsupported media type",
+                   fp.reason);
+  }
+  if (fp.status == idempotency::FingerprintStatus::invalid_json) {
+    x.code = "invalid_json";
+    return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
+  }
+  x.fingerprint = std::move(fp.value);
+  return std::nullopt;
+}
+
+}  // namespace
+
+// Validation before anything is claimed; its failures are never stored. On success the
+// request has its record id, fingerprint and principal.
+std::optional<server::Response> Gateway::admit(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& cfg = x.runtime->settings();
+  x.outcome = Outcome::rejected;
+  if (auto refused = admit_tenant(x)) return refused;
+  if (auto refused = admit_key(x)) return refused;
+  if (auto refused = admit_fingerprint(x)) return refused;
+  x.check_principal = !cfg.tenant.principal_header.empty();
+  if (x.check_principal) {
+    const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
+    // Like the tenant, the principal is one value: with two, the backend and the record
+    // could each take a different one.
+    if (values.size() > 1) {
+      x.code = "principal_invalid";
+      return problem(x, http::status::unauthorized, x.code, "Principal invalid",
+                     "the principal header must be sent once");
+    }
+    // Only a hash is stored: the record must not become a directory of user ids.
+    x.principal = idempotency::sha256_hex(
+        "idemproxy-principal\n" +
+        std::string(values.empty() ? std::string_view() : text::trim_ows(values.front())));
+  }
+  x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
+                                x.principal, rs.lease, rs.retention};
+  x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
+  return std::nullopt;
+}
+
+asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  // A key-less request on an optional route is not the store's business: it passes through
+  // unprotected, whatever its tenant header says.
+  if (!rs.key.required && field_values(x.request.base(), rs.key.header).empty()) {
+    co_return co_await pass_through(x);
+  }
+  if (auto refused = admit(x)) co_return std::move(*refused);
+  co_return co_await run_protocol(x);
+}
+
+namespace {
+
+// Counts an owner for the drain, from its forward until its answer.
+struct OwnerCount {
+  explicit OwnerCount(std::size_t& n) : n(n) { ++n; }
+  ~OwnerCount() { --n; }
+  OwnerCount(const OwnerCount&) = delete;
+  OwnerCount& operator=(const OwnerCount&) = delete;
+  std::size_t& n;
+};
+
+}  // namespace
+
+// The driver: performs what the protocol asks (idempotency/protocol.hpp) and resumes it
+// with the outcome, until it answers. Every decision is the protocol's; every I/O is here.
+asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  idempotency::ProtocolOptions options{x.fingerprint, x.principal, x.check_principal, rs.wait};
+  options.refetch = rs.replay_mode == settings::ReplayMode::refetch;
+  options.reconcile = rs.on_unknown_outcome == settings::UnknownOutcome::reconcile;
+  idempotency::Protocol protocol(options);
+  std::optional<OwnerCount> owning;
+  idempotency::Event event = idempotency::Begin{};
+  for (;;) {
+    const idempotency::Action a = protocol.resume(event, SteadyClock::now());
+    switch (a.step) {
+      case Step::claim: event = co_await claim(x); break;
+      case Step::read: event = co_await read(x); break;
+      case Step::take_over: event = co_await take_over(x, a.fence); break;
+      case Step::replace: event = co_await replace(x, a.fence); break;
+      case Step::watch:
+        if (!x.waiter) x.waiter.emplace(*deps_.waiters, x.waiter_key, deps_.executor);
+        event = idempotency::Watching{};
+        break;
+      case Step::wait:
+        co_await x.waiter->wait_until(a.until);
+        event = idempotency::Waited{};
+        break;
+      case Step::forward:
+        if (!owning) owning.emplace(owners_in_flight_);
+        event = co_await forward_as_owner(x, a.owner);
+        break;
+      case Step::release: event = co_await release(x, a.fence); break;
+      case Step::expire_lease: event = co_await expire_lease(x, a.fence); break;
+      case Step::complete: event = co_await complete(x, a.fence); break;
+      case Step::refetch: event = co_await refetch(x); break;
+      case Step::reconcile:
+        if (!owning) owning.emplace(owners_in_flight_);
+        event = co_await reconcile(x, a.owner);
+        break;
+      case Step::answer: co_return answer(x, a);
+    }
+  }
+}
+
+// ---- The protocol's steps, each performed and told back as an event -----------------------
+
+asio::awaitable<idempotency::Event> Gateway::claim(Exchange& x) {
+  const auto t0 = SteadyClock::now();
+  auto claimed = co_await deps_.store->claim(x.claim);
+  // A row from the replay cache cost no store call: neither timed nor counted as one.
+  if (claimed && claimed->from_cache) {
+    x.from_cache = true;
+  } else {
+    const double took = seconds_since(t0);
+    x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
+    deps_.metrics->store_duration(StoreOp::claim, took);
+    if (!claimed) {
+      deps_.metrics->store_error(store_error_kind(claimed.error()));
+      x.store_error = claimed.error();
+    }
+  }
+  if (!claimed) co_return idempotency::StoreFailed{};
+  if (claimed->won) co_return idempotency::Claimed{claimed->owner};
+  idempotency::Claimed lost;
+  if (claimed->row_read) {
+    lost.row_read = true;
+    x.row = std::move(claimed->row);
+    if (x.row) lost.row = view_of(*x.row);
+  }
+  co_return lost;
+}
+
+asio::awaitable<idempotency::Event> Gateway::read(Exchange& x) {
+  auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
+  if (!row) co_return idempotency::StoreFailed{};
+  x.row = std::move(*row);
+  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row)) : std::nullopt};
+}
+
+asio::awaitable<idempotency::Event> Gateway::take_over(Exchange& x, std::int64_t seen_fence) {
+  const auto& rs = *x.route->settings;
+  auto taken = co_await timed(*deps_.metrics, x, StoreOp::take_over,
+                              deps_.store->take_over(x.claim.id, seen_fence, rs.lease));
+  if (!taken) co_return idempotency::StoreFailed{};
+  if (*taken) {
+    deps_.metrics->takeover();
+    spdlog::info("took over an expired lease (route {}, key_hash {}): attempt {} -> {}", rs.name,
+                 x.key_hash, (*taken)->attempt - 1, (*taken)->attempt);
+  }
+  co_return idempotency::Acquired{*taken};
+}
+
+asio::awaitable<idempotency::Event> Gateway::replace(Exchange& x, std::int64_t seen_fence) {
+  auto replaced = co_await timed(*deps_.metrics, x, StoreOp::replace,
+                                 deps_.store->replace_expired(x.claim, seen_fence));
+  if (!replaced) co_return idempotency::StoreFailed{};
+  co_return idempotency::Acquired{*replaced};
+}
+
+// Forwards as the owner, renewing the lease while the upstream works.
+asio::awaitable<idempotency::Event> Gateway::forward_as_owner(Exchange& x, store::Ownership owner) {
+  const auto& rs = *x.route->settings;
+  x.owner = owner;
+  x.attempt = owner.attempt;
+  const bool backend_completes = rs.completion == settings::Completion::backend;
+  auto keeper = start_lease_keeper(deps_, x.claim.id, owner, rs.lease, backend_completes);
+  x.upstream = co_await forward(x, &owner);
+  keeper->stop();
+  idempotency::Forwarded f;
+  switch (x.upstream.failure) {
+    case upstream::Failure::none:
+      f.result = idempotency::UpstreamResult::answered;
+      f.storable = storable(x);
+      if (backend_completes) f.backend = backend_record(x);
+      break;
+    case upstream::Failure::connect_failed:
+      f.result = idempotency::UpstreamResult::not_sent;
+      break;
     case upstream::Failure::timeout:
     case upstream::Failure::broken:
+      f.result = idempotency::UpstreamResult::unknown;
+      break;
     case upstream::Failure::response_too_large:
-    case upstream::Failure::bad_response: {
-      // The backend may have acted. Keep the row but end the lease now, so the next retry
-      // takes over at once with a higher attempt and the same operation id, which lets the
-      // backend find its own earlier result.
-      auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
-                                     deps_.store->expire_lease(x.id, attempt));
-      if (expired && !*expired) fenced("lease expiry");
-      deps_.waiters->notify(x.waiter_key);
-      x.outcome = Outcome::unknown_outcome;
-      if (out.failure == upstream::Failure::timeout || out.failure == upstream::Failure::broken) {
-        x.code = "upstream_timeout";
-        co_return problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
-                          "the upstream did not answer in time; the outcome is unknown, retry "
-                          "with the same key");
-      }
-      x.code = "upstream_invalid_response";
-      co_return problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
-                        "the upstream's response was malformed or larger than allowed; retry "
-                        "with the same key");
-    }
+    case upstream::Failure::bad_response:
+      f.result = idempotency::UpstreamResult::invalid;
+      break;
   }
+  co_return f;
+}
 
-  const int status = static_cast<int>(out.response.result_int());
-  if (!rs.store.stores(status)) {
-    // Transient answers (5xx, 408, 425, 429 by default) must not stick to the key.
-    auto released = co_await timed(*deps_.metrics, x, StoreOp::release, deps_.store->release(x.id, attempt));
-    if (released && !*released) fenced("release");
-    if (!released) {
-      spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
-                   released.error().message());
-    }
-    deps_.waiters->notify(x.waiter_key);
-    x.outcome = Outcome::released;
-    co_return to_client(std::move(out.response), x);
+// The route's `store` lists decide whether an answer is recorded, unless the backend says
+// otherwise for this one answer (X-Idempotency-Directive).
+bool Gateway::storable(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kDirectiveHeader);
+  const auto directive = idempotency::parse_directive(
+      values.empty() ? std::nullopt : std::optional<std::string_view>(values.front()));
+  if (values.size() > 1 || directive == idempotency::Directive::invalid) {
+    deps_.metrics->directive("invalid");
+    spdlog::warn("ignoring an invalid {} from the backend (route {}, key_hash {}); the route's "
+                 "store lists decide", kDirectiveHeader, rs.name, x.key_hash);
+  } else if (directive == idempotency::Directive::release) {
+    deps_.metrics->directive("release");
+    return false;
+  } else if (directive == idempotency::Directive::record) {
+    deps_.metrics->directive("record");
+    return true;
   }
+  return rs.store.stores(static_cast<int>(res.result_int()));
+}
 
-  const auto stored = capture(out.response, rs);
-  // The response goes out only after its record commits, so every later retry sees exactly
-  // what this client saw. One retry covers a pooled connection that died in between.
-  auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                                   deps_.store->complete(x.id, attempt, stored, rs.retention));
-  if (!completed) {
-    completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
-                                deps_.store->complete(x.id, attempt, stored, rs.retention));
+// What a backend that completes in its own transaction says it recorded: the digest of
+// the answer, which must be the one of the answer it sent.
+idempotency::BackendRecord Gateway::backend_record(Exchange& x) {
+  const auto& res = x.upstream.response;
+  const auto values = field_values(res.base(), kRecordedHeader);
+  if (values.empty()) {
+    deps_.metrics->backend_completion("absent");
+    return idempotency::BackendRecord::none;
   }
+  std::string_view location;
+  if (auto it = res.find(http::field::location); it != res.end()) location = it->value();
+  const auto digest = idempotency::answer_digest(static_cast<int>(res.result_int()),
+                                                 resource_id_from_location(location), res.body());
+  if (values.size() == 1 && text::trim_ows(values.front()) == digest) {
+    deps_.metrics->backend_completion("confirmed");
+    return idempotency::BackendRecord::confirmed;
+  }
+  deps_.metrics->backend_completion("differed");
+  spdlog::warn("the backend recorded an answer other than the one it sent (route {}, attempt "
+               "{}, key_hash {}); the record wins",
+               x.route->settings->name, x.owner.attempt, x.key_hash);
+  return idempotency::BackendRecord::differs;
+}
+
+// The owner's writes wake the duplicates waiting in this process, whatever their outcome:
+// they re-read the row, which decides.
+asio::awaitable<idempotency::Event> Gateway::release(Exchange& x, std::int64_t fence) {
+  auto released = co_await timed(*deps_.metrics, x, StoreOp::release,
+                                 deps_.store->release(x.claim.id, fence));
   deps_.waiters->notify(x.waiter_key);
-  if (!completed) {
-    x.outcome = Outcome::store_unavailable;
-    x.code = "idempotency_store_unavailable";
-    spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
-                  attempt, completed.error().message());
-    auto res = problem(x, http::status::service_unavailable, x.code,
-                       "Idempotency store unavailable",
-                       "the upstream answered but the answer could not be recorded; retry with "
-                       "the same key after the indicated delay");
-    // The row keeps its lease until it lapses; only then can a retry take over.
-    res.set(http::field::retry_after, retry_after_seconds(std::max(rs.lease, rs.retry_after)));
-    co_return res;
+  if (!released) {
+    spdlog::warn("release failed ({}); the lease will lapse and a retry will take over",
+                 released.error().message());
+    co_return idempotency::StoreFailed{};
   }
-  if (!*completed) fenced("completion");
-  x.outcome = Outcome::created;
-  co_return to_client(std::move(out.response), x);
+  co_return idempotency::Written{*released};
+}
+
+asio::awaitable<idempotency::Event> Gateway::expire_lease(Exchange& x, std::int64_t fence) {
+  auto expired = co_await timed(*deps_.metrics, x, StoreOp::expire_lease,
+                                deps_.store->expire_lease(x.claim.id, fence));
+  deps_.waiters->notify(x.waiter_key);
+  if (!expired) co_return idempotency::StoreFailed{};
+  co_return idempotency::Written{*expired};
+}
+
+asio::awaitable<idempotency::Event> Gateway::complete(Exchange& x, std::int64_t fence) {
+  const auto& rs = *x.route->settings;
+  if (!x.recorded) x.recorded = capture(x.upstream.response, rs);  // a retry records the same
+  auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
+                                  deps_.store->complete(x.claim.id, fence, *x.recorded, rs.retention));
+  deps_.waiters->notify(x.waiter_key);
+  if (!completed) co_return idempotency::StoreFailed{};
+  x.key_expires_at_us = completed->expires_at_us;
+  co_return idempotency::Completed{completed->outcome};
+}
+
+// ---- The answer ----------------------------------------------------------------------------
+
+// Why: one switch over the protocol's answers keeps each answer's status, code and outcome
+// in one place, next to the others it must stay consistent with.
+server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
+  using idempotency::Answer;
+  const auto& rs = *x.route->settings;
+  server::Response res;
+  switch (a.answer) {
+    case Answer::replay:
+      // A completed row always has a response; anything else is a store defect.
+      if (!x.row || !x.row->response) {
+        res = store_unavailable(x, make_error_code(errc::store_protocol));
+        break;
+      }
+      res = replayed(x, *x.row->response, x.row->attempt);
+      x.key_expires_at_us = x.row->expires_at_us;
+      break;
+    case Answer::refetched:
+    case Answer::refetch_refused:
+    case Answer::refetch_failed: res = refetch_answer(x, a.answer); break;
+    case Answer::recorded:
+      x.outcome = Outcome::created;
+      res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::released:
+      x.outcome = Outcome::released;
+      res = to_client(std::move(x.upstream.response), x);
+      break;
+    case Answer::backend_recorded:
+      if (!x.row || !x.row->response) {
+        res = store_unavailable(x, make_error_code(errc::store_protocol));
+        break;
+      }
+      x.outcome = Outcome::created;
+      res = replay(*x.row->response, x, /*as_replay=*/false);
+      x.key_expires_at_us = x.row->expires_at_us;
+      break;
+    case Answer::not_sent:
+      x.outcome = Outcome::released;
+      x.code = "upstream_unavailable";
+      res = problem(x, http::status::bad_gateway, x.code, "Upstream unavailable",
+                    "the upstream refused the connection; the request was not sent and the key "
+                    "was released");
+      break;
+    case Answer::timed_out:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "upstream_timeout";
+      res = problem(x, http::status::gateway_timeout, x.code, "Upstream timeout",
+                    "the upstream did not answer in time; the outcome is unknown, retry with the "
+                    "same key");
+      break;
+    case Answer::invalid_response:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "upstream_invalid_response";
+      res = problem(x, http::status::bad_gateway, x.code, "Invalid upstream response",
+                    "the upstream's response was malformed or larger than allowed; retry with "
+                    "the same key");
+      break;
+    case Answer::mismatch: res = mismatch(x); break;
+    case Answer::forbidden: res = forbidden(x); break;
+    case Answer::in_progress:
+      res = in_progress(x);
+      if (x.row) x.key_expires_at_us = x.row->expires_at_us;
+      break;
+    case Answer::reconcile_failed:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "reconcile_failed";
+      res = problem(x, http::status::service_unavailable, x.code, "Outcome not known yet",
+                    "whether the earlier attempt of this operation happened could not be "
+                    "learnt from the upstream; nothing was forwarded; retry with the same key "
+                    "after the indicated delay");
+      res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+      break;
+    case Answer::unrecorded:
+      spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
+                    x.owner.attempt, x.store_error.message());
+      // The row keeps its lease until it lapses; only then can a retry take over.
+      res = unrecorded(x,
+                       "the upstream answered but the answer could not be recorded; retry with "
+                       "the same key after the indicated delay",
+                       std::max(rs.lease, rs.retry_after));
+      break;
+    case Answer::fenced_unrecorded:
+      res = unrecorded(x,
+                       "another attempt took this key over and its record holds no answer yet; "
+                       "retry with the same key after the indicated delay",
+                       rs.retry_after);
+      break;
+    case Answer::store_unavailable:
+    case Answer::none:
+      res = store_unavailable(x, x.store_error ? x.store_error
+                                               : make_error_code(errc::store_protocol));
+      break;
+  }
+  if (a.fenced != idempotency::Fenced::no) note_fenced(x, a);
+  // The key's lifetime as the record holds it (docs/http.md, "Key expiry"): set only from
+  // a record this request read or wrote, never guessed.
+  if (x.key_expires_at_us > 0) {
+    res.set(std::string(kKeyExpiresHeader), imf_fixdate_from_us(x.key_expires_at_us));
+  }
+  return res;
+}
+
+// A fenced owner is counted and logged with what its client got instead of its own answer.
+void Gateway::note_fenced(Exchange& x, const idempotency::Action& a) {
+  deps_.metrics->fenced_write();
+  std::string_view what = "completion";
+  if (a.fenced == idempotency::Fenced::release) what = "release";
+  if (a.fenced == idempotency::Fenced::lease_expiry) what = "lease expiry";
+  std::string_view answered = x.code;
+  if (a.from_record) {
+    x.fenced = fenced_answer(x.outcome);
+    deps_.metrics->fenced_answer(x.fenced);
+    answered = x.fenced;
+  }
+  spdlog::warn("{} fenced: attempt {} (fencing token {}) no longer owns the record (route {}, "
+               "key_hash {}); answered: {}",
+               what, x.owner.attempt, x.owner.fence, x.route->settings->name, x.key_hash, answered);
 }
 
 }  // namespace idem::gateway

@@ -1,17 +1,18 @@
 #pragma once
 // The request path: match route → validate tenant and key → fingerprint → claim →
-// forward → record → respond. The decisions come from idempotency/ (pure code); this
-// adapter performs them against the Store and the upstream Client, and is the only
-// place where a request's idempotency actions turn into I/O.
+// forward → record → respond. Every decision of the protocol comes from idempotency/
+// (protocol.hpp, a state machine of events and actions); this driver performs its actions
+// against the Store and the upstream Client, and is the only place where a request's
+// idempotency actions turn into I/O.
 #include <memory>
 #include <string>
 
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/awaitable.hpp>
 
-#include "gateway/replay_cache.hpp"
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
+#include "idempotency/protocol.hpp"
 #include "observability/metrics.hpp"
 #include "server/server.hpp"
 #include "store/store.hpp"
@@ -22,11 +23,11 @@ namespace idem::gateway {
 struct Dependencies {
   asio::any_io_executor executor;          // the worker's event loop
   std::shared_ptr<RuntimeHolder> runtime;  // current configuration snapshot
-  store::Store* store = nullptr;           // this worker's store
+  store::Store* store = nullptr;           // this worker's store (with the replay cache in
+                                           // front of it: gateway/caching_store.hpp)
   upstream::Client* upstream = nullptr;    // this worker's upstream pool
   WaiterRegistry* waiters = nullptr;       // process-wide
   obs::Metrics* metrics = nullptr;         // process-wide
-  ReplayCache* replay_cache = nullptr;     // process-wide; nullptr = no cache
 };
 
 class Gateway {
@@ -45,9 +46,28 @@ class Gateway {
 
  private:
   asio::awaitable<server::Response> protected_request(Exchange& x);
-  asio::awaitable<server::Response> run_as_owner(Exchange& x, std::int64_t attempt);
+  std::optional<server::Response> admit(Exchange& x);
+  // The driver of idempotency::Protocol, and the steps it performs.
+  asio::awaitable<server::Response> run_protocol(Exchange& x);
+  asio::awaitable<idempotency::Event> claim(Exchange& x);
+  asio::awaitable<idempotency::Event> read(Exchange& x);
+  asio::awaitable<idempotency::Event> take_over(Exchange& x, std::int64_t seen_fence);
+  asio::awaitable<idempotency::Event> replace(Exchange& x, std::int64_t seen_fence);
+  asio::awaitable<idempotency::Event> forward_as_owner(Exchange& x, store::Ownership owner);
+  bool storable(Exchange& x);
+  idempotency::BackendRecord backend_record(Exchange& x);
+  asio::awaitable<idempotency::Event> release(Exchange& x, std::int64_t fence);
+  asio::awaitable<idempotency::Event> expire_lease(Exchange& x, std::int64_t fence);
+  asio::awaitable<idempotency::Event> complete(Exchange& x, std::int64_t fence);
+  // Long operations (gateway/long_operations.cpp).
+  asio::awaitable<idempotency::Event> refetch(Exchange& x);
+  asio::awaitable<idempotency::Event> reconcile(Exchange& x, store::Ownership owner);
+  server::Response refetch_answer(Exchange& x, idempotency::Answer answer);
+  server::Response answer(Exchange& x, const idempotency::Action& a);
+  void note_fenced(Exchange& x, const idempotency::Action& a);
   asio::awaitable<server::Response> pass_through(Exchange& x);
-  asio::awaitable<upstream::Outcome> forward(Exchange& x, std::int64_t attempt);
+  // owner == nullptr: an unprotected request (no operation id, attempt or fencing token).
+  asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);
 
   Dependencies deps_;
   std::size_t owners_in_flight_ = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/text.hpp"
 #include "observability/metrics.hpp"
 
 namespace idem::gateway {
@@ -11,11 +12,11 @@ namespace {
 // costs beyond its payload, so that many tiny entries are bounded too.
 constexpr std::size_t kEntryOverhead = 512;
 
-std::size_t hex_value(char c) {
-  if (c >= '0' && c <= '9') return static_cast<std::size_t>(c - '0');
-  if (c >= 'a' && c <= 'f') return static_cast<std::size_t>(c - 'a' + 10);
-  if (c >= 'A' && c <= 'F') return static_cast<std::size_t>(c - 'A' + 10);
-  return static_cast<std::size_t>(static_cast<unsigned char>(c));
+// The shard of an operation id: its first hex digit's value (any other byte, from a
+// hand-built id in a test, by its own value).
+std::size_t shard_digit(char c) {
+  const int v = text::hex_value(c);
+  return static_cast<std::size_t>(v >= 0 ? v : static_cast<unsigned char>(c));
 }
 
 }  // namespace
@@ -38,7 +39,7 @@ ReplayCache::ReplayCache(obs::Metrics* metrics) : metrics_(metrics) {
 
 ReplayCache::Shard& ReplayCache::shard_of(std::string_view op_id) const {
   // Operation ids are hex SHA-256: their first digit is already uniformly spread.
-  const std::size_t i = op_id.empty() ? 0 : hex_value(op_id.front()) % kShards;
+  const std::size_t i = op_id.empty() ? 0 : shard_digit(op_id.front()) % kShards;
   return shards_[i];
 }
 

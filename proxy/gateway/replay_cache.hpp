@@ -51,6 +51,7 @@ class ReplayCache {
     std::string fingerprint;
     std::string principal;
     std::int64_t attempt = 0;
+    std::int64_t fence = 0;
     store::StoredResponse response;
   };
 

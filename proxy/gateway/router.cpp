@@ -1,5 +1,7 @@
 #include "gateway/router.hpp"
 
+#include "gateway/headers.hpp"
+
 #include <algorithm>
 #include <stdexcept>
 
@@ -24,12 +26,58 @@ bool is_placeholder(std::string_view seg) {
   return seg.size() >= 2 && seg.front() == '{' && seg.back() == '}';
 }
 
+constexpr std::string_view kAnySegment = "{}";
+
+void add_decided(std::vector<std::string>& out, const std::string& name) {
+  if (name.empty()) return;
+  for (const auto& have : out) {
+    if (iequals(have, name)) return;
+  }
+  out.push_back(name);
+}
+
 }  // namespace
+
+std::vector<std::string> loose_segments(std::string_view path) {
+  std::string text;
+  text.reserve(path.size());
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    char c = path[i];
+    if (const int byte = idem::text::percent_byte(path, i); byte >= 0) {
+      c = static_cast<char>(byte);
+      i += 2;
+    }
+    if (c == '\\') c = '/';
+    c = idem::text::ascii_lower(c);
+    text.push_back(c);
+  }
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    auto end = text.find('/', start);
+    if (end == std::string::npos) end = text.size();
+    std::string_view seg(text.data() + start, end - start);
+    seg = seg.substr(0, seg.find(';'));
+    while (!seg.empty() && (seg.back() == '.' || seg.back() == ' ')) {
+      if (seg == "." || seg == "..") break;
+      seg.remove_suffix(1);
+    }
+    if (seg == "..") {
+      if (!out.empty()) out.pop_back();
+    } else if (!seg.empty() && seg != ".") {
+      out.emplace_back(seg);
+    }
+    start = end + 1;
+  }
+  return out;
+}
 
 std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Settings> s) {
   auto rt = std::make_shared<Runtime>();
   rt->settings_ = std::move(s);
   rt->routes_.reserve(rt->settings_->routes.size());
+  add_decided(rt->decided_headers_, rt->settings_->tenant.header);
+  add_decided(rt->decided_headers_, rt->settings_->tenant.principal_header);
   for (std::size_t i = 0; i < rt->settings_->routes.size(); ++i) {
     const auto& route = rt->settings_->routes[i];
     CompiledRoute compiled;
@@ -37,6 +85,15 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
     compiled.segments = split_path(route.path);
     compiled.templated = std::any_of(compiled.segments.begin(), compiled.segments.end(),
                                      [](const std::string& seg) { return is_placeholder(seg); });
+    for (const auto& seg : compiled.segments) {
+      if (is_placeholder(seg)) {
+        compiled.loose.emplace_back(kAnySegment);
+      } else {
+        for (auto& part : loose_segments(seg)) compiled.loose.push_back(std::move(part));
+      }
+    }
+    add_decided(rt->decided_headers_, route.key.header);
+    for (const auto& h : route.fingerprint.headers) add_decided(rt->decided_headers_, h);
     try {
       compiled.fingerprint = idempotency::FingerprintSpec::compile(route.fingerprint);
     } catch (const std::invalid_argument& e) {
@@ -57,6 +114,20 @@ const CompiledRoute* Runtime::match(std::string_view method, std::string_view pa
     for (std::size_t i = 0; i < segments.size() && ok; ++i) {
       const auto& want = route.segments[i];
       ok = is_placeholder(want) ? !segments[i].empty() : want == segments[i];
+    }
+    if (ok) return &route;
+  }
+  return nullptr;
+}
+
+const CompiledRoute* Runtime::resembles(std::string_view method, std::string_view path) const {
+  if (routes_.empty()) return nullptr;
+  const auto segments = loose_segments(path);
+  for (const auto& route : routes_) {
+    if (!iequals(route.settings->method, method) || route.loose.size() != segments.size()) continue;
+    bool ok = true;
+    for (std::size_t i = 0; i < segments.size() && ok; ++i) {
+      ok = route.loose[i] == kAnySegment || route.loose[i] == segments[i];
     }
     if (ok) return &route;
   }

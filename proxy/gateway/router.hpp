@@ -19,7 +19,16 @@ struct CompiledRoute {
   // so one key reused across /accounts/1/... and /accounts/2/... is refused, not replayed.
   bool templated = false;
   idempotency::FingerprintSpec fingerprint;
+  // The path as a lenient backend might read it (loose_segments()); "{}" = any segment.
+  std::vector<std::string> loose;
 };
+
+// A path as the most lenient common backends read it, for one comparison only: whether a
+// target that matches no route would still reach a route's handler in such a backend.
+// Every percent-encoding decoded, '\' read as '/', ASCII lower-cased, ";params" cut from
+// each segment (servlet containers), trailing dots and spaces trimmed (Windows), empty
+// segments dropped ("//", a trailing '/'), dot segments resolved.
+std::vector<std::string> loose_segments(std::string_view path);
 
 // One immutable snapshot of the configuration: a reload builds a new one and swaps the
 // pointer; requests keep the snapshot they started with.
@@ -31,12 +40,23 @@ class Runtime {
   const settings::Settings& settings() const noexcept { return *settings_; }
   std::shared_ptr<const settings::Settings> settings_ptr() const noexcept { return settings_; }
 
-  // Exact method; path compared segment by segment (no decoding: a byte-exact match).
+  // Exact method; path compared segment by segment (no decoding: a byte-exact match of the
+  // target the listener normalized, server/target.hpp).
   const CompiledRoute* match(std::string_view method, std::string_view path) const;
+
+  // For a request that match() did not match: the route it would reach in a backend that
+  // reads paths loosely (loose_segments(), method compared case-insensitively), if any.
+  // Such a request is refused: forwarded unprotected, it could run a protected operation.
+  const CompiledRoute* resembles(std::string_view method, std::string_view path) const;
+
+  // The header names idemproxy decides by: the tenant and principal headers, and every
+  // route's key and fingerprint headers (gateway/inbound.hpp).
+  const std::vector<std::string>& decided_headers() const noexcept { return decided_headers_; }
 
  private:
   std::shared_ptr<const settings::Settings> settings_;
   std::vector<CompiledRoute> routes_;
+  std::vector<std::string> decided_headers_;
 };
 
 // Holds the current snapshot; load() is a lock-free atomic read on the request path.

@@ -1,11 +1,12 @@
 #pragma once
 // The idempotency decision as a pure function: what a request that did not win the
-// claim must do, given the row it read. The gateway performs the action and, for the
-// actions that change or wait, reads again and asks again (a small state machine whose
-// transitions are all here and tested without sockets or a database).
+// claim must do, given the row it read. The request protocol (protocol.hpp) asks it on
+// every row it reads and turns its answer into the next store call, wait or answer.
 #include <cstdint>
 #include <optional>
 #include <string_view>
+
+#include "common/types.hpp"
 
 namespace idem::idempotency {
 
@@ -16,6 +17,9 @@ struct RowView {
   std::int64_t attempt = 0;
   bool lease_expired = false;  // meaningful for in_progress rows
   bool expired = false;        // retention passed
+  std::int64_t fence = 0;      // the fencing token of the claim that holds it
+  Millis lease_remaining{0};   // > 0 while a live lease runs (the database's clock)
+  bool has_resource = false;   // completed with a resource id (a Location) to re-fetch
 };
 
 struct Situation {
@@ -26,7 +30,7 @@ struct Situation {
   bool wait_budget_left = false;  // time remains within the route's `wait`
 };
 
-enum class Action {
+enum class Decision {
   claim_again,         // no row: try the INSERT again
   replace_expired,     // retention passed and no live lease: replace as a new operation
   reject_mismatch,     // same scope and key, other fingerprint: mismatch_status
@@ -37,8 +41,8 @@ enum class Action {
   answer_in_progress,  // in_progress, live lease, wait used up: 409 + Retry-After
 };
 
-Action decide(const Situation& s);
+Decision decide(const Situation& s);
 
-std::string_view to_string(Action a);
+std::string_view to_string(Decision d);
 
 }  // namespace idem::idempotency

@@ -279,17 +279,6 @@ Json selection(const FingerprintSpec& spec, Json body) {
   return Json(Json::Value(std::move(out)));
 }
 
-std::string hex(const unsigned char* data, std::size_t n) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(n * 2);
-  for (std::size_t i = 0; i < n; ++i) {
-    out.push_back(kHex[data[i] >> 4]);
-    out.push_back(kHex[data[i] & 0xF]);
-  }
-  return out;
-}
-
 }  // namespace
 
 // ------------------------------------------------------------------- compile
@@ -461,7 +450,7 @@ std::string sha256_hex(std::string_view data) {
     std::fputs("idemproxy: SHA-256 unavailable from OpenSSL, aborting\n", stderr);
     std::abort();
   }
-  return hex(md, len);
+  return text::to_hex(md, len);
 }
 
 }  // namespace idem::idempotency

@@ -9,16 +9,7 @@ namespace idem::idempotency::detail {
 
 namespace {
 
-char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
-
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  return a.size() == b.size() &&
-         std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) { return lower(x) == lower(y); });
-}
-
-bool ends_with_ci(std::string_view s, std::string_view suffix) noexcept {
-  return s.size() >= suffix.size() && iequals(s.substr(s.size() - suffix.size()), suffix);
-}
+using text::iequals;
 
 // RFC 9110 tchar: media type and subtype are tokens.
 bool is_tchar(char c) noexcept {
@@ -28,13 +19,6 @@ bool is_tchar(char c) noexcept {
 
 bool is_token(std::string_view s) noexcept {
   return !s.empty() && std::all_of(s.begin(), s.end(), is_tchar);
-}
-
-int hex_value(char c) noexcept {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 // application/x-www-form-urlencoded decoding: '+' is a space, %XX a byte. A '%' that
@@ -47,8 +31,8 @@ std::string form_decode(std::string_view s) {
     const char c = s[i];
     if (c == '+') {
       out.push_back(' ');
-    } else if (c == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
-      out.push_back(static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2])));
+    } else if (const int byte = text::percent_byte(s, i); byte >= 0) {
+      out.push_back(static_cast<char>(byte));
       i += 2;
     } else {
       out.push_back(c);
@@ -59,29 +43,9 @@ std::string form_decode(std::string_view s) {
 
 // RFC 3986 unreserved characters stay literal; every other byte becomes %XX (upper
 // case). One spelling per byte string, whatever escaping the client chose.
-void append_encoded(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789ABCDEF";
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    const bool unreserved = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                            c == '-' || c == '.' || c == '_' || c == '~';
-    if (unreserved) {
-      out.push_back(c);
-    } else {
-      out.push_back('%');
-      out.push_back(kHex[u >> 4]);
-      out.push_back(kHex[u & 0xF]);
-    }
-  }
-}
+using text::append_uri_component;
 
 }  // namespace
-
-std::string_view trim_ows(std::string_view s) noexcept {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
 
 bool is_json_media_type(std::string_view content_type) noexcept {
   std::string_view mt = content_type.substr(0, content_type.find(';'));
@@ -93,7 +57,7 @@ bool is_json_media_type(std::string_view content_type) noexcept {
   if (!is_token(type) || !is_token(subtype) || !iequals(type, "application")) return false;
   // Structured syntax suffix (RFC 6839): application/problem+json, application/vnd.x+json.
   // A bare "+json" has no actual subtype and is not a media type anyone registers.
-  return iequals(subtype, "json") || (subtype.size() > 5 && ends_with_ci(subtype, "+json"));
+  return iequals(subtype, "json") || (subtype.size() > 5 && text::iends_with(subtype, "+json"));
 }
 
 // Canonical query string. Rules, chosen so that spellings a form-decoding backend reads
@@ -129,9 +93,9 @@ std::string canonical_query(std::string_view raw) {
   std::string out;
   for (const auto& [name, value] : params) {
     if (!out.empty()) out.push_back('&');
-    append_encoded(out, name);
+    append_uri_component(out, name);
     out.push_back('=');
-    append_encoded(out, value);
+    append_uri_component(out, value);
   }
   return out;
 }

@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 
+#include "common/text.hpp"
+
 namespace idem::idempotency::detail {
 
 // Canonical text of a JSON number lexeme (RFC 8259 grammar), computed exactly from the
@@ -32,6 +34,6 @@ bool is_json_media_type(std::string_view content_type) noexcept;
 std::string canonical_query(std::string_view raw);
 
 // Trim HTTP optional whitespace (SP, HTAB) from both ends.
-std::string_view trim_ows(std::string_view s) noexcept;
+using text::trim_ows;
 
 }  // namespace idem::idempotency::detail

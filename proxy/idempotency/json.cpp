@@ -331,7 +331,6 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
 }
 
 void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
   out.push_back('"');
   for (const char c : s) {
     const auto u = static_cast<unsigned char>(c);
@@ -345,9 +344,8 @@ void append_json_string(std::string& out, std::string_view s) {
       case '\t': out.append("\\t"); break;
       default:
         if (u < 0x20) {
-          out.append("\\u00");
-          out.push_back(kHex[u >> 4]);
-          out.push_back(kHex[u & 0xF]);
+          out.append("\\u");
+          text::append_hex_digits(out, u, 4);
         } else {
           out.push_back(c);  // includes DEL and all non-ASCII UTF-8 bytes, literally
         }

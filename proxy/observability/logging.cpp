@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "common/json_text.hpp"
+#include "common/text.hpp"
 
 namespace idem::obs {
 
@@ -45,12 +46,6 @@ constexpr char kAccessMarker = '\x1e';
 constexpr std::string_view kReplacement = "\xef\xbf\xbd";  // U+FFFD
 
 using text::utf8_sequence;
-
-void append_hex_escape(std::string& out, std::string_view prefix, unsigned value, int digits) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out += prefix;
-  for (int shift = (digits - 1) * 4; shift >= 0; shift -= 4) out += kHex[(value >> shift) & 0xf];
-}
 
 using text::append_json_escaped;
 
@@ -77,7 +72,8 @@ void append_text_sanitized(std::string& out, std::string_view s, bool quoted) {
     } else if (c == '\t') {
       out += "\\t";
     } else if (u < 0x20 || u == 0x7f) {
-      append_hex_escape(out, "\\x", u, 2);
+      out += "\\x";
+      text::append_hex_digits(out, u, 2);
     } else if (quoted && (c == '"' || c == '\\')) {
       out += '\\';
       out += c;
@@ -418,6 +414,7 @@ class AccessFields {
     if (!r.key_hash.empty()) add("key_hash", 's', r.key_hash);
     if (!r.code.empty()) add("code", 's', r.code);
     if (r.from_cache) add("replay_cache", 's', "hit");
+    if (!r.fenced.empty()) add("fenced", 's', r.fenced);
   }
   AccessFields(const AccessFields&) = delete;
   AccessFields& operator=(const AccessFields&) = delete;
@@ -430,7 +427,7 @@ class AccessFields {
   }
 
   NumberText status_, duration_, upstream_, store_, attempt_;
-  std::array<Field, 12> storage_{};
+  std::array<Field, 13> storage_{};
   std::size_t n_ = 0;
 };
 

@@ -34,6 +34,7 @@ struct AccessRecord {
   std::string_view key_hash;  // log_hash(tenant, key) or ""
   std::string_view code;      // problem code or ""
   bool from_cache = false;    // answered from the replay cache (no store call)
+  std::string_view fenced;    // a fenced owner's answer from the record, or ""
 };
 
 void log_access(const AccessRecord& r);

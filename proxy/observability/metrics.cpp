@@ -31,6 +31,8 @@ std::string_view to_string(Outcome o) noexcept {
     case Outcome::rejected: return "rejected";
     case Outcome::store_unavailable: return "store_unavailable";
     case Outcome::passthrough: return "passthrough";
+    case Outcome::accepted: return "accepted";
+    case Outcome::replay_failed: return "replay_failed";
   }
   return "unknown";
 }
@@ -76,6 +78,16 @@ constexpr std::string_view kOverflowLabel = "_overflow";
 // Store error kinds the pg layer reports; created up front so dashboards see 0, not nothing.
 constexpr std::array<std::string_view, 4> kKnownStoreErrors{"unavailable", "timeout", "busy",
                                                             "protocol"};
+// What a backend can say of its record, and its directives, likewise exported at 0.
+constexpr std::array<std::string_view, 3> kBackendCompletionResults{"confirmed", "differed",
+                                                                    "absent"};
+constexpr std::array<std::string_view, 3> kDirectives{"release", "record", "invalid"};
+// Long operations' lookups at the backend, likewise exported at 0.
+constexpr std::array<std::string_view, 3> kRefetchResults{"fetched", "refused", "failed"};
+constexpr std::array<std::string_view, 3> kReconcileResults{"found", "not_found", "failed"};
+// What a fenced owner can answer (Metrics::fenced_answer), likewise exported at 0.
+constexpr std::array<std::string_view, 5> kFencedAnswers{"replayed", "in_progress", "key_reused",
+                                                         "forbidden", "unavailable"};
 
 struct Counter {
   std::atomic<std::uint64_t> value{0};
@@ -194,7 +206,17 @@ class Family {
   X(takeovers,          Counter,         "idemproxy_takeovers_total",            "",             \
     "Claims taken over after the previous owner's lease expired.")                               \
   X(fenced_writes,      Counter,         "idemproxy_fenced_writes_total",        "",             \
-    "Completions or releases refused because a newer attempt owns the record.")                  \
+    "Owner writes (completion, release, renewal, lease expiry) refused: another claim owns the record.")                  \
+  X(fenced_answers,     Counter,         "idemproxy_fenced_answers_total",       "answer",       \
+    "Answers of owners whose write was fenced, taken from the record instead of their own.")   \
+  X(backend_completions, Counter,        "idemproxy_backend_completions_total",  "result",       \
+    "Answers of completion: backend routes, by what the backend said it recorded.")           \
+  X(directives,         Counter,         "idemproxy_backend_directives_total",   "directive",    \
+    "Backend directives that released or recorded one answer against the route's store lists.") \
+  X(refetches,          Counter,         "idemproxy_refetches_total",            "result",       \
+    "Replays that re-fetched their resource (replay.mode: refetch), by result.")                 \
+  X(reconciliations,    Counter,         "idemproxy_reconciliations_total",      "result",       \
+    "Takeovers that asked the backend whether the operation happened, by its answer.")          \
   X(lease_renewals,     Counter,         "idemproxy_lease_renewals_total",       "",             \
     "Lease renewals by owners waiting on the upstream.")                                         \
   X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
@@ -383,6 +405,11 @@ struct Metrics::Impl {
       store_ops[static_cast<std::size_t>(i)] = &store_duration.get(to_string(static_cast<StoreOp>(i)));
     }
     for (auto kind : kKnownStoreErrors) store_errors.get(kind);
+    for (auto answer : kFencedAnswers) fenced_answers.get(answer);
+    for (auto result : kBackendCompletionResults) backend_completions.get(result);
+    for (auto d : kDirectives) directives.get(d);
+    for (auto r : kRefetchResults) refetches.get(r);
+    for (auto r : kReconcileResults) reconciliations.get(r);
   }
 };
 
@@ -404,6 +431,15 @@ void Metrics::store_duration(StoreOp op, double seconds) {
 
 void Metrics::takeover() { impl_->takeover.add(1); }
 void Metrics::fenced_write() { impl_->fenced.add(1); }
+void Metrics::fenced_answer(std::string_view answer) { impl_->fenced_answers.get(answer).add(1); }
+void Metrics::backend_completion(std::string_view result) {
+  impl_->backend_completions.get(result).add(1);
+}
+void Metrics::directive(std::string_view directive) { impl_->directives.get(directive).add(1); }
+void Metrics::refetch(std::string_view result) { impl_->refetches.get(result).add(1); }
+void Metrics::reconciliation(std::string_view result) {
+  impl_->reconciliations.get(result).add(1);
+}
 void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
@@ -424,6 +460,26 @@ std::uint64_t Metrics::requests(std::string_view route, Outcome outcome) const {
 
 std::uint64_t Metrics::takeovers() const { return impl_->takeover.get(); }
 std::uint64_t Metrics::fenced_writes() const { return impl_->fenced.get(); }
+std::uint64_t Metrics::fenced_answers(std::string_view answer) const {
+  const auto* c = impl_->fenced_answers.find(answer);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::backend_completions(std::string_view result) const {
+  const auto* c = impl_->backend_completions.find(result);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::directives(std::string_view directive) const {
+  const auto* c = impl_->directives.find(directive);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::refetches(std::string_view result) const {
+  const auto* c = impl_->refetches.find(result);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::reconciliations(std::string_view result) const {
+  const auto* c = impl_->reconciliations.find(result);
+  return c != nullptr ? c->get() : 0;
+}
 std::uint64_t Metrics::replay_cache_hits() const { return impl_->cache_hit.get(); }
 std::uint64_t Metrics::replay_cache_notifications() const { return impl_->cache_notified.get(); }
 

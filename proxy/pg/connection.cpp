@@ -284,22 +284,18 @@ asio::awaitable<error_code> Connection::poll_connect() {
   }
 }
 
-asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninfo,
-                                                      ConnectParams& out) {
-  // libpq looks host names up with a blocking getaddrinfo() inside PQconnectStart and
-  // PQconnectPoll: a slow DNS server would stall every request on this thread. Names are
-  // resolved here instead (Asio's resolver runs getaddrinfo on its own thread) and passed
-  // as hostaddr next to the unchanged host, which libpq still uses for TLS name checks and
-  // .pgpass. Each address becomes its own host/hostaddr entry, in order, so libpq tries
-  // them exactly as it would have (multi-host lists, target_session_attrs...).
+// Splits `conninfo` into its host, hostaddr and port (the environment filling what the
+// string leaves out, as libpq would) and everything else, which goes to `out` unchanged.
+// False, with error_message_ set, when libpq cannot parse it.
+bool Connection::take_host_fields(const std::string& conninfo, ConnectParams& out,
+                                  std::string& host, std::string& hostaddr, std::string& port) {
   char* parse_error = nullptr;
   PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
   if (!parsed) {
     error_message_ = parse_error ? parse_error : "invalid connection string";
     if (parse_error) PQfreemem(parse_error);
-    co_return make_error_code(errc::connection_failed);
+    return false;
   }
-  std::string host, hostaddr, port;
   for (PQconninfoOption* o = parsed; o->keyword; ++o) {
     if (!o->val) continue;
     const std::string_view key = o->keyword;
@@ -314,10 +310,24 @@ asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninf
     }
   }
   PQconninfoFree(parsed);
-  // The environment fills what the string leaves out, as libpq would.
   if (host.empty() && hostaddr.empty()) {
     if (const char* env = std::getenv("PGHOST")) host = env;
     if (const char* env = std::getenv("PGHOSTADDR")) hostaddr = env;
+  }
+  return true;
+}
+
+asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninfo,
+                                                      ConnectParams& out) {
+  // libpq looks host names up with a blocking getaddrinfo() inside PQconnectStart and
+  // PQconnectPoll: a slow DNS server would stall every request on this thread. Names are
+  // resolved here instead (Asio's resolver runs getaddrinfo on its own thread) and passed
+  // as hostaddr next to the unchanged host, which libpq still uses for TLS name checks and
+  // .pgpass. Each address becomes its own host/hostaddr entry, in order, so libpq tries
+  // them exactly as it would have (multi-host lists, target_session_attrs...).
+  std::string host, hostaddr, port;
+  if (!take_host_fields(conninfo, out, host, hostaddr, port)) {
+    co_return make_error_code(errc::connection_failed);
   }
 
   const auto pass_through = [&] {

@@ -97,6 +97,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   };
 
   asio::awaitable<error_code> resolve_hosts(const std::string& conninfo, ConnectParams& out);
+  bool take_host_fields(const std::string& conninfo, ConnectParams& out, std::string& host,
+                        std::string& hostaddr, std::string& port);
   asio::awaitable<error_code> start_and_setup(const PoolOptions& options);
   asio::awaitable<error_code> poll_connect();
   asio::awaitable<error_code> setup_session(const PoolOptions& options);

@@ -211,52 +211,62 @@ asio::awaitable<void> Listener::session() {
   };
   SessionAttached attached{*this, conn};
   conn_ = conn;
-
-  const error_code connected = co_await conn->connect(connect_options_);
-  if (stopped_) co_return;
-  if (connected) {
-    session_failed("cannot connect", conn->error_message());
-    co_return;
-  }
-  const Command listen{Command::Kind::sql, listen_sql_, nullptr};
-  auto listened = co_await conn->run(listen, options_.statement_timeout);
-  if (stopped_) co_return;
-  if (!listened) {
-    session_failed("LISTEN failed", conn->error_message());
-    co_return;
-  }
-  if (!options_.ready_check_sql.empty()) {
-    const Command check{Command::Kind::sql, options_.ready_check_sql, nullptr};
-    auto checked = co_await conn->run(check, options_.statement_timeout);
-    if (stopped_) co_return;
-    if (!checked) {
-      session_failed("ready check failed", conn->error_message());
-      co_return;
-    }
-    if (checked->rows() < 1 || checked->columns() < 1 || !checked->boolean(0, 0).value_or(false)) {
-      session_failed("not ready", options_.ready_check_failure);
-      co_return;
-    }
-  }
+  if (!co_await start_listening(*conn)) co_return;
   if (failure_logged_) {
     failure_logged_ = false;
     spdlog::info("pg listener on channel {}: listening again", options_.channel);
   }
   set_listening(true);
+  co_await listen(*conn);
+}
 
+// Connects, LISTENs and runs the ready check; false (the failure reported) when the
+// session cannot start or the listener was stopped meanwhile.
+asio::awaitable<bool> Listener::start_listening(Connection& conn) {
+  const error_code connected = co_await conn.connect(connect_options_);
+  if (stopped_) co_return false;
+  if (connected) {
+    session_failed("cannot connect", conn.error_message());
+    co_return false;
+  }
+  const Command listen{Command::Kind::sql, listen_sql_, nullptr};
+  auto listened = co_await conn.run(listen, options_.statement_timeout);
+  if (stopped_) co_return false;
+  if (!listened) {
+    session_failed("LISTEN failed", conn.error_message());
+    co_return false;
+  }
+  if (options_.ready_check_sql.empty()) co_return true;
+  const Command check{Command::Kind::sql, options_.ready_check_sql, nullptr};
+  auto checked = co_await conn.run(check, options_.statement_timeout);
+  if (stopped_) co_return false;
+  if (!checked) {
+    session_failed("ready check failed", conn.error_message());
+    co_return false;
+  }
+  if (checked->rows() < 1 || checked->columns() < 1 || !checked->boolean(0, 0).value_or(false)) {
+    session_failed("not ready", options_.ready_check_failure);
+    co_return false;
+  }
+  co_return true;
+}
+
+// Delivers notifications until the session is lost or the listener stopped, pinging the
+// server when nothing arrived for a whole interval.
+asio::awaitable<void> Listener::listen(Connection& conn) {
   const Command ping{Command::Kind::sql, "SELECT 1", nullptr};
   asio::steady_timer& timer = *timer_;
   for (;;) {
     // Notifications libpq read during the last call (LISTEN, a ping) or the last
     // consume_input() are delivered before the next wait: the socket will not signal
     // them again.
-    deliver(*conn);
+    deliver(conn);
     if (stopped_) co_return;
     // The ping interval has its own timer, not the connection's call deadline: an
     // interval that elapses is the normal idle case and must leave the session usable.
     timer.expires_after(options_.ping_interval);
     auto [order, input_ec, timer_ec] =
-        co_await asio::experimental::make_parallel_group(conn->async_wait_input(asio::deferred),
+        co_await asio::experimental::make_parallel_group(conn.async_wait_input(asio::deferred),
                                                          timer.async_wait(asio::deferred))
             .async_wait(asio::experimental::wait_for_one(), asio::use_awaitable);
     (void)timer_ec;
@@ -266,21 +276,21 @@ asio::awaitable<void> Listener::session() {
         session_failed("lost the session", "socket wait failed: " + input_ec.message());
         co_return;
       }
-      if (conn->consume_input()) {
+      if (conn.consume_input()) {
         // Whatever libpq parsed before the loss was committed while we listened.
-        deliver(*conn);
-        session_failed("lost the session", conn->error_message());
+        deliver(conn);
+        session_failed("lost the session", conn.error_message());
         co_return;
       }
       continue;
     }
     // Nothing arrived for a whole interval: a session whose server or network went away
     // silently looks exactly like this, so prove it alive.
-    auto pong = co_await conn->run(ping, options_.statement_timeout);
+    auto pong = co_await conn.run(ping, options_.statement_timeout);
     if (stopped_) co_return;
     if (!pong) {
-      deliver(*conn);
-      session_failed("liveness ping failed", conn->error_message());
+      deliver(conn);
+      session_failed("liveness ping failed", conn.error_message());
       co_return;
     }
   }

@@ -76,6 +76,8 @@ class Listener : public std::enable_shared_from_this<Listener> {
   static asio::awaitable<void> run(std::shared_ptr<Listener> self);
   // One session, from connect until it is lost or stop() closes it.
   asio::awaitable<void> session();
+  asio::awaitable<bool> start_listening(detail::Connection& conn);
+  asio::awaitable<void> listen(detail::Connection& conn);
   void deliver(detail::Connection& conn);
   void set_listening(bool listening);
   void session_failed(std::string_view what, std::string message);

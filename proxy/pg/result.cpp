@@ -6,6 +6,8 @@
 
 #include <libpq-fe.h>
 
+#include "common/text.hpp"
+
 namespace idem::pg {
 namespace {
 
@@ -58,13 +60,6 @@ class SqlstateCategory final : public boost::system::error_category {
     return "PostgreSQL error SQLSTATE " + decode_sqlstate(ev);
   }
 };
-
-int hex_value(char c) noexcept {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 }  // namespace
 
@@ -215,15 +210,7 @@ std::optional<std::string> decode_bytea_hex(std::string_view text) {
   if (text.size() < 2 || text[0] != '\\' || text[1] != 'x' || text.size() % 2 != 0) {
     return std::nullopt;
   }
-  std::string out;
-  out.reserve((text.size() - 2) / 2);
-  for (std::size_t i = 2; i < text.size(); i += 2) {
-    const int hi = hex_value(text[i]);
-    const int lo = hex_value(text[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>((hi << 4) | lo));
-  }
-  return out;
+  return idem::text::from_hex(text.substr(2));
 }
 
 }  // namespace idem::pg

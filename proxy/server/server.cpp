@@ -5,9 +5,10 @@
 // (stop_accepting, close_idle, the destructor) may come from any thread and are dispatched
 // onto it. Only the ConnectionGauge and the active-connection counter are shared.
 //
-// Deadlines: the session keeps a plain tcp::socket and its own timer rather than using
-// beast::tcp_stream, because tcp_stream closes the socket when a deadline passes and a
-// request that timed out mid-way should still get its 408 before the connection closes.
+// Deadlines: the session keeps a plain tcp::socket and its own lazy deadline
+// (common/deadline.hpp) rather than using beast::tcp_stream, because tcp_stream closes the
+// socket when a deadline passes and a request that timed out mid-way should still get its
+// 408 before the connection closes.
 #include "common/http_head.hpp"
 #include "server/server.hpp"
 
@@ -37,7 +38,10 @@
 #include <boost/beast/http/write.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/deadline.hpp"
+#include "common/message_parser.hpp"
 #include "server/framing.hpp"
+#include "server/request_head.hpp"
 
 namespace idem::server {
 namespace detail {
@@ -61,6 +65,11 @@ constexpr Millis kLingerTime{2000};
 constexpr std::size_t kLingerMaxBytes = 1u << 20;
 // accept() failing for lack of descriptors would otherwise spin the loop at 100% CPU.
 constexpr Millis kAcceptBackoff{50};
+// While a body is read, the buffer holds at most the metadata budget (max_header_bytes)
+// plus this much unparsed input: room for the chunk-size digits and line ends around
+// extensions and trailer fields that are within the budget.
+constexpr std::size_t kChunkLineSlack = 256;
+constexpr std::size_t kUnbounded = std::numeric_limits<std::size_t>::max();
 
 std::atomic<std::uint64_t> g_next_connection_id{1};
 
@@ -207,6 +216,7 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::size_t active() const noexcept { return active_.load(std::memory_order_relaxed); }
 
   settings::Limits limits() const { return limits_ ? limits_() : settings::Limits{}; }
+  const ListenerOptions& options() const noexcept { return options_; }
   const Handler& handler() const noexcept { return handler_; }
   bool draining() const noexcept { return draining_; }
 
@@ -251,13 +261,17 @@ class Listener : public std::enable_shared_from_this<Listener> {
   std::unordered_set<Session*> sessions_;
 };
 
-class Session : public std::enable_shared_from_this<Session> {
+class Session {
  public:
   // The caller has already counted this connection in the gauge; detach() uncounts it.
   Session(std::shared_ptr<Listener> owner, tcp::socket socket)
       : owner_(std::move(owner)),
         socket_(std::move(socket)),
-        timer_(socket_.get_executor()),
+        deadline_(socket_.get_executor(),
+                  [this] {
+                    interrupt(deadline_kind_ == Deadline::write ? tcp::socket::shutdown_both
+                                                                : tcp::socket::shutdown_receive);
+                  }),
         id_(g_next_connection_id.fetch_add(1, std::memory_order_relaxed)) {
     error_code ec;
     peer_ = socket_.remote_endpoint(ec);
@@ -297,16 +311,29 @@ class Session : public std::enable_shared_from_this<Session> {
   enum class Deadline { read, write };
 
   asio::awaitable<void> serve();
+  asio::awaitable<bool> wait_for_request(const settings::Limits& limits);
+  asio::awaitable<bool> read_head(http_parse::MessageParser<true>& parser,
+                                  const settings::Limits& limits, RequestContext& ctx);
+  asio::awaitable<bool> read_body(http_parse::MessageParser<true>& parser,
+                                  const settings::Limits& limits, const RequestContext& ctx);
+  asio::awaitable<bool> respond(Request& req, const RequestContext& ctx,
+                                const settings::Limits& limits);
   asio::awaitable<Response> call_handler(Request& req, const RequestContext& ctx);
   asio::awaitable<bool> write(Response& res, Millis timeout);
   asio::awaitable<void> refuse(http::status status, std::string_view code, std::string_view title,
                                std::string_view detail, unsigned version,
                                const RequestContext& ctx, Millis write_timeout);
+  asio::awaitable<void> refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                    const settings::Limits& limits, unsigned version,
+                                    const RequestContext& ctx);
   asio::awaitable<void> lingering_close();
 
-  void arm(Millis after, Deadline kind);
-  void disarm();
-  void start_timer();
+  void arm(Millis after, Deadline kind) {
+    deadline_kind_ = kind;
+    deadline_.arm_after(after);
+  }
+  void disarm() noexcept { deadline_.disarm(); }
+  bool timed_out() const noexcept { return deadline_.expired(); }
   // The session is over: no deadline may fire any more, and the timer lets go of it.
   void finish() noexcept;
   void interrupt(tcp::socket::shutdown_type how) noexcept;
@@ -317,20 +344,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
   const std::shared_ptr<Listener> owner_;
   tcp::socket socket_;
-  asio::steady_timer timer_;
+  // Every request arms and disarms a deadline three or four times (idle, header, body,
+  // write); a lazy one (common/deadline.hpp) fires about once per header_timeout in
+  // steady keep-alive traffic, not per phase. A passed deadline interrupts the socket.
+  LazyDeadline deadline_;
+  Deadline deadline_kind_ = Deadline::read;
   beast::flat_buffer buffer_;
   std::string head_;  // the response head being written (reused across requests)
   tcp::endpoint peer_;
   std::string peer_address_;  // formatted once: every forwarded request names it
   const std::uint64_t id_;
-  // The current phase's deadline (max = none) and the pending timer wait (see arm()).
-  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
-  Deadline deadline_kind_ = Deadline::read;
-  SteadyClock::time_point timer_expiry_{};
-  std::uint64_t timer_generation_ = 0;
-  bool timer_pending_ = false;
-  bool finished_ = false;
-  bool timed_out_ = false;
   bool idle_ = false;
   bool close_requested_ = false;
 };
@@ -436,50 +459,7 @@ void Listener::refuse_overloaded(tcp::socket& socket) {
 // ---------------------------------------------------------------------------------------
 // Session
 
-// Every request arms and disarms a deadline three or four times (idle, header, body,
-// write). A timer wait per phase would cost a timer-queue insert, a cancellation and a
-// handler call each time, so the timer is lazy instead: arm() records the deadline and
-// only touches the timer when the new deadline is earlier than the wait already pending;
-// disarm() only forgets the deadline. When the pending wait fires it compares the clock
-// with the deadline current at that moment: passed → time out the phase in progress;
-// later → wait again until then; none → stay idle until the next arm(). In steady
-// keep-alive traffic the timer thus fires about once per header_timeout, not per phase.
-void Session::arm(Millis after, Deadline kind) {
-  timed_out_ = false;
-  deadline_ = SteadyClock::now() + after;
-  deadline_kind_ = kind;
-  if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
-}
-
-void Session::disarm() { deadline_ = SteadyClock::time_point::max(); }
-
-void Session::start_timer() {
-  timer_expiry_ = deadline_;
-  timer_pending_ = true;
-  const auto generation = ++timer_generation_;
-  timer_.expires_at(timer_expiry_);  // cancels a pending wait: its handler sees a stale generation
-  // The handler owns a reference: it may run after the session finished, and must then
-  // find a live (if ignored) object. finish() cancels the wait so that it does not keep the
-  // session alive until its expiry.
-  timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
-    if (generation != self->timer_generation_) return;  // replaced by a newer wait
-    self->timer_pending_ = false;
-    if (ec || self->finished_ || self->deadline_ == SteadyClock::time_point::max()) return;
-    if (SteadyClock::now() < self->deadline_) {
-      self->start_timer();  // the deadline moved later since this wait began
-      return;
-    }
-    self->timed_out_ = true;
-    self->interrupt(self->deadline_kind_ == Deadline::write ? tcp::socket::shutdown_both
-                                                            : tcp::socket::shutdown_receive);
-  });
-}
-
-void Session::finish() noexcept {
-  finished_ = true;
-  disarm();
-  timer_.cancel();
-}
+void Session::finish() noexcept { deadline_.stop(); }
 
 // cancel() aborts the operation in flight, but a Beast composed operation may be between
 // two steps with nothing in flight; the shutdown makes the next step fail too (a read sees
@@ -510,7 +490,7 @@ asio::awaitable<bool> Session::write(Response& res, Millis timeout) {
     if (head_.capacity() > kIdleBufferCap) std::string().swap(head_);
   }
   disarm();
-  co_return !ec && !timed_out_;
+  co_return !ec && !timed_out();
 }
 
 asio::awaitable<void> Session::refuse(http::status status, std::string_view code,
@@ -528,13 +508,47 @@ asio::awaitable<void> Session::refuse(http::status status, std::string_view code
   }
 }
 
+// The answer to a body read that failed or timed out, in the contract's order: the
+// deadline, the body limit, the chunk metadata budget (common/message_parser.hpp), then
+// anything else the parser refused; a client that simply went away gets no answer.
+asio::awaitable<void> Session::refuse_body(const error_code& ec, http_parse::Overflow overflow,
+                                           const settings::Limits& limits, unsigned version,
+                                           const RequestContext& ctx) {
+  if (timed_out()) {
+    co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                    "the request body was not received in time", version, ctx,
+                    limits.body_timeout);
+  } else if (ec == http::error::body_limit) {
+    co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                    "the request body exceeds " + std::to_string(limits.max_request_body) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::trailer) {
+    co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                    "Request Header Fields Too Large",
+                    "the request trailer exceeds " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (overflow == http_parse::Overflow::chunk_extensions) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "the chunk extensions exceed " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+  } else if (is_malformed(ec)) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                    "malformed request body", version, ctx, limits.body_timeout);
+  } else {
+    close_now();
+  }
+}
+
 asio::awaitable<void> Session::lingering_close() {
   error_code ec;
   socket_.shutdown(tcp::socket::shutdown_send, ec);
   if (!ec) {
     arm(kLingerTime, Deadline::read);
     std::size_t discarded = 0;
-    while (!timed_out_ && discarded < kLingerMaxBytes) {
+    while (!timed_out() && discarded < kLingerMaxBytes) {
       buffer_.clear();
       auto [rec, n] = co_await socket_.async_read_some(buffer_.prepare(kDiscardReadSize), use_tuple);
       if (rec) break;  // EOF: the client has read everything and closed
@@ -564,139 +578,164 @@ asio::awaitable<Response> Session::call_handler(Request& req, const RequestConte
                          req.version(), req.keep_alive());
 }
 
+// One request after another, as its phases in order: the idle wait, the head (header,
+// framing and head rules), the body, then the handler and the response. Each phase arms
+// its own deadline next to the read it guards and answers its own refusals; a phase that
+// returns false has ended the connection (refused, or the client went away).
 asio::awaitable<void> Session::serve() {
   for (;;) {
     // Read per request so a reload applies to the next request on open connections too.
     const settings::Limits limits = owner_->limits();
-
-    // 1. Wait for the first bytes of the next request under the idle timeout. Pipelined
-    //    bytes already buffered count as "arrived". This is a read, not a wait for
-    //    readability: Asio re-arms epoll (an epoll_ctl) for every readiness wait, while a
-    //    read that follows a read which drained the socket goes straight to the next
-    //    readiness event, so reading saves a system call per request. The cost is a
-    //    small buffer held by each idle keep-alive connection; it is capped here so a
-    //    connection that once carried a large request does not keep that memory.
-    if (buffer_.size() == 0) {
-      if (close_requested_) break;
-      if (buffer_.capacity() > kIdleBufferCap) buffer_.shrink_to_fit();
-      idle_ = true;
-      arm(limits.idle_timeout, Deadline::read);
-      auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kIdleReadSize), use_tuple);
-      disarm();
-      idle_ = false;
-      buffer_.commit(n);
-      // Nothing had started: an idle timeout or shutdown ends silently, and so does a
-      // client that closed (EOF) between requests.
-      if (ec || timed_out_ || close_requested_) break;
-    }
+    if (!co_await wait_for_request(limits)) break;
 
     RequestContext ctx{peer_, SteadyClock::now(), id_, peer_address_};
+    // Chunk extensions and trailer fields share a budget of max_header_bytes, and trailer
+    // fields never join the header (common/message_parser.hpp).
+    http_parse::MessageParser<true> parser(limits.max_header_bytes);
+    if (!co_await read_head(parser, limits, ctx)) break;
+    if (!co_await read_body(parser, limits, ctx)) break;
 
-    // 2. The header, under the header timeout and size limit. The body limit is lifted
-    //    here: Beast would otherwise report an oversized Content-Length before we had a
-    //    chance to refuse ambiguous framing, and the contract ranks 400 above 413.
-    http::request_parser<http::string_body> parser;
-    parser.header_limit(clamp_u32(limits.max_header_bytes));
-    parser.body_limit(boost::none);
-    arm(limits.header_timeout, Deadline::read);
-    auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
-    disarm();
-    if (timed_out_) {
-      co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
-                      "the request header was not received in time", 11, ctx,
-                      limits.body_timeout);
-      co_return;
-    }
-    if (hec == http::error::header_limit) {
-      co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
-                      "Request Header Fields Too Large",
-                      "the request header exceeds " + std::to_string(limits.max_header_bytes) +
-                          " bytes",
-                      11, ctx, limits.body_timeout);
-      co_return;
-    }
-    if (hec) {
-      if (is_malformed(hec)) {
-        co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                        "malformed request header", 11, ctx, limits.body_timeout);
-      } else {
-        close_now();  // the client went away mid-header
-      }
-      co_return;
-    }
-    ctx.received_at = SteadyClock::now();
-    const unsigned version = parser.get().version();
-
-    // 3. Framing, decided on the header alone, before any body byte is consumed.
-    const FramingCheck framing = inspect_framing(parser.get());
-    if (framing.framing == BodyFraming::invalid) {
-      co_await refuse(http::status::bad_request, "bad_request", "Bad Request", framing.problem,
-                      version, ctx, limits.body_timeout);
-      co_return;
-    }
-    if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
-      co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
-                      "the request body exceeds " + std::to_string(limits.max_request_body) +
-                          " bytes",
-                      version, ctx, limits.body_timeout);
-      co_return;
-    }
-
-    // 4. The body, under the body timeout and size limit.
-    if (!parser.is_done()) {
-      if (version >= 11 && expects_continue(parser.get())) {
-        // The client is waiting for our go-ahead before uploading (curl does this above
-        // 1 KiB); without it the exchange stalls for the client's own expect timeout.
-        http::response<http::empty_body> go_ahead{http::status::continue_, 11};
-        arm(limits.body_timeout, Deadline::write);
-        auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
-        disarm();
-        if (cec || timed_out_) break;
-      }
-      parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
-      arm(limits.body_timeout, Deadline::read);
-      auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
-      disarm();
-      if (timed_out_) {
-        co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
-                        "the request body was not received in time", version, ctx,
-                        limits.body_timeout);
-        co_return;
-      }
-      if (bec == http::error::body_limit) {
-        co_await refuse(http::status::payload_too_large, "request_too_large",
-                        "Content Too Large",
-                        "the request body exceeds " + std::to_string(limits.max_request_body) +
-                            " bytes",
-                        version, ctx, limits.body_timeout);
-        co_return;
-      }
-      if (bec) {
-        if (is_malformed(bec)) {
-          co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
-                          "malformed request body", version, ctx, limits.body_timeout);
-        } else {
-          close_now();
-        }
-        co_return;
-      }
-    }
-
-    // 5. The handler, then the response.
     Request req = parser.release();
-    Response res = co_await call_handler(req, ctx);
-    const bool keep_alive = req.keep_alive() && !asks_to_close(res) && !owner_->draining() &&
-                            !close_requested_;
-    frame_response(res, req.method());
-    res.version(version);
-    res.keep_alive(keep_alive);
-    if (!co_await write(res, limits.body_timeout)) break;
-    if (!keep_alive) {
-      co_await lingering_close();
-      co_return;
-    }
+    if (!co_await respond(req, ctx, limits)) break;
   }
   close_now();
+}
+
+// 1. Wait for the first bytes of the next request under the idle timeout. Pipelined bytes
+//    already buffered count as "arrived". This is a read, not a wait for readability: Asio
+//    re-arms epoll (an epoll_ctl) for every readiness wait, while a read that follows a
+//    read which drained the socket goes straight to the next readiness event, so reading
+//    saves a system call per request. The cost is a small buffer held by each idle
+//    keep-alive connection; it is capped here so a connection that once carried a large
+//    request does not keep that memory.
+asio::awaitable<bool> Session::wait_for_request(const settings::Limits& limits) {
+  if (buffer_.size() != 0) co_return true;
+  if (close_requested_) co_return false;
+  if (buffer_.capacity() > kIdleBufferCap) buffer_.shrink_to_fit();
+  idle_ = true;
+  arm(limits.idle_timeout, Deadline::read);
+  auto [ec, n] = co_await socket_.async_read_some(buffer_.prepare(kIdleReadSize), use_tuple);
+  disarm();
+  idle_ = false;
+  buffer_.commit(n);
+  // Nothing had started: an idle timeout or shutdown ends silently, and so does a client
+  // that closed (EOF) between requests.
+  co_return !(ec || timed_out() || close_requested_);
+}
+
+// 2. The header, under the header timeout and size limit. The body limit is lifted here:
+//    Beast would otherwise report an oversized Content-Length before we had a chance to
+//    refuse ambiguous framing, and the contract ranks 400 above 413.
+// 3. Framing, decided on the header alone, before any body byte is consumed; then the
+//    head rules.
+asio::awaitable<bool> Session::read_head(http_parse::MessageParser<true>& parser,
+                                         const settings::Limits& limits, RequestContext& ctx) {
+  parser.header_limit(clamp_u32(limits.max_header_bytes));
+  parser.body_limit(boost::none);
+  arm(limits.header_timeout, Deadline::read);
+  auto [hec, hn] = co_await http::async_read_header(socket_, buffer_, parser, use_tuple);
+  disarm();
+  if (timed_out()) {
+    co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
+                    "the request header was not received in time", 11, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (hec == http::error::header_limit) {
+    co_await refuse(http::status::request_header_fields_too_large, "headers_too_large",
+                    "Request Header Fields Too Large",
+                    "the request header exceeds " + std::to_string(limits.max_header_bytes) +
+                        " bytes",
+                    11, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (hec) {
+    if (is_malformed(hec)) {
+      co_await refuse(http::status::bad_request, "bad_request", "Bad Request",
+                      "malformed request header", 11, ctx, limits.body_timeout);
+    }
+    co_return false;  // refused, or the client went away mid-header
+  }
+  ctx.received_at = SteadyClock::now();
+  const unsigned version = parser.get().version();
+
+  const FramingCheck framing = inspect_framing(parser.get());
+  if (framing.framing == BodyFraming::invalid) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request", framing.problem,
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  // Host rules, the one target normalization and the combined Connection field: from here
+  // on every reader of the header sees the same request (server/request_head.hpp).
+  if (const HeadCheck head = prepare_request_head(parser.get(), owner_->options().normalize_target);
+      !head.ok) {
+    co_await refuse(http::status::bad_request, "bad_request", "Bad Request", head.problem,
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  if (framing.framing == BodyFraming::length && framing.length > limits.max_request_body) {
+    co_await refuse(http::status::payload_too_large, "request_too_large", "Content Too Large",
+                    "the request body exceeds " + std::to_string(limits.max_request_body) +
+                        " bytes",
+                    version, ctx, limits.body_timeout);
+    co_return false;
+  }
+  co_return true;
+}
+
+// 4. The body, under the body timeout and size limit.
+asio::awaitable<bool> Session::read_body(http_parse::MessageParser<true>& parser,
+                                         const settings::Limits& limits,
+                                         const RequestContext& ctx) {
+  if (parser.is_done()) co_return true;
+  const unsigned version = parser.get().version();
+  if (version >= 11 && expects_continue(parser.get())) {
+    // The client is waiting for our go-ahead before uploading (curl does this above
+    // 1 KiB); without it the exchange stalls for the client's own expect timeout.
+    http::response<http::empty_body> go_ahead{http::status::continue_, 11};
+    arm(limits.body_timeout, Deadline::write);
+    auto [cec, cn] = co_await http::async_write(socket_, go_ahead, use_tuple);
+    disarm();
+    if (cec || timed_out()) co_return false;
+  }
+  parser.body_limit(limits.max_request_body);  // enforces the limit on chunked bodies
+  // Beast's parser waits for a whole chunk line, and for the whole trailer section, before
+  // it looks at them; an extension or a trailer field that never ends would otherwise grow
+  // the buffer until the body timeout. Capped, the read fails with buffer_overflow
+  // instead. Body bytes are consumed as they arrive, so only such unfinished metadata ever
+  // fills it; bytes already buffered (pipelined) may exceed the cap, they are parsed
+  // before anything more is read.
+  buffer_.max_size(std::max(buffer_.size(), limits.max_header_bytes + kChunkLineSlack));
+  arm(limits.body_timeout, Deadline::read);
+  auto [bec, bn] = co_await http::async_read(socket_, buffer_, parser, use_tuple);
+  disarm();
+  buffer_.max_size(kUnbounded);
+  if (!timed_out() && !bec) co_return true;
+  auto overflow = parser.overflow();
+  if (bec == http::error::buffer_overflow) {
+    const auto pending = buffer_.cdata();
+    overflow = http_parse::pending_overflow(
+        std::string_view(static_cast<const char*>(pending.data()), pending.size()));
+  }
+  co_await refuse_body(bec, overflow, limits, version, ctx);
+  co_return false;
+}
+
+// 5. The handler, then the response; true when the connection carries another request.
+asio::awaitable<bool> Session::respond(Request& req, const RequestContext& ctx,
+                                       const settings::Limits& limits) {
+  const unsigned version = req.version();
+  Response res = co_await call_handler(req, ctx);
+  const bool keep_alive = req.keep_alive() && !asks_to_close(res) && !owner_->draining() &&
+                          !close_requested_;
+  frame_response(res, req.method());
+  res.version(version);
+  res.keep_alive(keep_alive);
+  if (!co_await write(res, limits.body_timeout)) co_return false;
+  if (!keep_alive) {
+    co_await lingering_close();
+    co_return false;
+  }
+  co_return true;
 }
 
 }  // namespace detail

@@ -51,6 +51,9 @@ struct ListenerOptions {
   settings::Endpoint endpoint;
   bool reuse_port = true;  // one acceptor per worker thread on the same port
   int backlog = 1024;
+  // Normalize request targets (server/target.hpp). Off for the admin listener: nothing it
+  // serves is forwarded, and its record paths must be able to name a key "." or "..".
+  bool normalize_target = true;
 };
 
 class Server {

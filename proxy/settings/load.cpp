@@ -14,6 +14,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -59,12 +60,6 @@ std::string child_path(const std::string& parent, std::string_view key) {
   return is_identifier_key(key) ? parent + "." + k : parent + "[" + k + "]";
 }
 
-std::string lower(std::string_view s) {
-  std::string out(s);
-  std::transform(out.begin(), out.end(), out.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  return out;
-}
 
 // Edit distance, to suggest "connect_timeout" for "conect_timeout".
 std::size_t distance(std::string_view a, std::string_view b) {
@@ -208,7 +203,7 @@ class Loader {
     std::set<std::string> seen;
     for (const auto& h : list(it)) {
       auto name = token(h, "header name");
-      if (!seen.insert(lower(name)).second) fail(h, "header '" + name + "' is listed twice");
+      if (!seen.insert(idem::text::lowercase(name)).second) fail(h, "header '" + name + "' is listed twice");
       out.push_back(std::move(name));
     }
     return out;
@@ -557,8 +552,9 @@ void parse_store(const Loader& L, const Item& it, StoreSettings& s) {
 bool is_framing_header(std::string_view name) {
   static const std::set<std::string> kNames{
       "connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer",
-      "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body"};
-  return kNames.count(lower(name)) != 0;
+      "upgrade",    "content-length", "idempotent-replayed", "idempotent-replay-body",
+      "x-idempotency-recorded", "x-idempotency-directive"};
+  return kNames.count(idem::text::lowercase(name)) != 0;
 }
 
 bool is_route_name(std::string_view s) {
@@ -568,16 +564,69 @@ bool is_route_name(std::string_view s) {
   });
 }
 
+// A path template with exactly one {operation_id} segment (the status resource, the
+// reconciliation lookup).
+std::string operation_path(const Loader& L, const Item& it) {
+  const auto path = L.text(it);
+  L.with_syntax(it, [&] { detail::check_route_path(path); });
+  if (path.find("{operation_id}") == std::string::npos ||
+      path.find('{') != path.rfind('{')) {
+    L.fail(it, "must contain the segment {operation_id} once, and no other parameter");
+  }
+  return path;
+}
+
+// async, replay, on_unknown_outcome and reconcile (docs/configuration.md, §4.8).
+void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
+  if (auto v = m.get("async")) {
+    Map a(L, *v, {"after", "status_path"});
+    AsyncSettings async;
+    async.after = L.duration(a.required("after"), Millis(1));
+    async.status_path = operation_path(L, a.required("status_path"));
+    r.async = std::move(async);
+  }
+  if (auto v = m.get("replay")) {
+    Map p(L, *v, {"mode"});
+    if (auto mode = p.get("mode")) {
+      r.replay_mode = L.choice<ReplayMode>(
+          *mode, {{"stored", ReplayMode::stored}, {"refetch", ReplayMode::refetch}});
+    }
+  }
+  if (auto v = m.get("on_unknown_outcome")) {
+    r.on_unknown_outcome = L.choice<UnknownOutcome>(
+        *v, {{"retake", UnknownOutcome::retake}, {"reconcile", UnknownOutcome::reconcile}});
+  }
+  const auto reconcile = m.get("reconcile");
+  if (reconcile) {
+    Map c(L, *reconcile, {"method", "path"});
+    if (auto method = c.get("method")) {
+      r.reconcile.method = idem::text::uppercase(L.token(*method, "HTTP method"));
+    }
+    r.reconcile.path = operation_path(L, c.required("path"));
+  }
+  if (r.on_unknown_outcome == UnknownOutcome::reconcile && !reconcile) {
+    L.fail(*m.get("on_unknown_outcome"),
+           "on_unknown_outcome: reconcile needs reconcile: {method, path} on the route");
+  }
+  if (reconcile && r.on_unknown_outcome != UnknownOutcome::reconcile) {
+    L.fail(*reconcile, "reconcile is only used with on_unknown_outcome: reconcile");
+  }
+}
+
 struct RouteLines {
   int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
 };
+
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r);
 
 RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings& tenant,
                           RouteLines& lines) {
   RouteSettings r;
   Map m(L, it, {"name", "method", "path", "scope", "key", "fingerprint", "retention", "lease",
                 "wait", "retry_after", "mismatch_status", "store", "replay_headers",
-                "max_stored_body"});
+                "max_stored_body", "completion", "async", "replay", "on_unknown_outcome",
+                "reconcile"});
   const auto name = m.required("name");
   r.name = L.text(name);
   if (!is_route_name(r.name)) {
@@ -586,9 +635,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   }
   lines.name = name.line;
   const auto method = m.required("method");
-  r.method = L.token(method, "HTTP method");
-  std::transform(r.method.begin(), r.method.end(), r.method.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::toupper(c)); });
+  r.method = idem::text::uppercase(L.token(method, "HTTP method"));
   const auto path = m.required("path");
   r.path = L.text(path);
   L.with_syntax(path, [&] { detail::check_route_path(r.path); });
@@ -634,31 +681,43 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     r.replay_headers = L.header_list(*v);
     for (const auto& h : L.list(*v)) {
       if (is_framing_header(h.node.Scalar())) {
-        L.fail(h, "'" + h.node.Scalar() + "' is set by the proxy for each response and cannot be replayed");
+        L.fail(h, "'" + h.node.Scalar() +
+                      "' frames one response or is one of idemproxy's own fields; it cannot be "
+                      "replayed");
       }
     }
   }
   // One record is one bytea read in one statement; PostgreSQL refuses values of 1GB.
   if (auto v = m.get("max_stored_body")) r.max_stored_body = L.size(*v, 0, 512 * MiB);
+  if (auto v = m.get("completion")) {
+    r.completion = L.choice<Completion>(
+        *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
+  }
+  parse_long_operations(L, m, r);
+  check_route(L, it, tenant, lines, r);
+  return r;
+}
 
+// The rules that tie a route's keys to each other and to the tenant settings.
+void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
+                 const RouteLines& lines, const RouteSettings& r) {
   if (r.retention < r.lease) {
     L.fail(lines.retention, it.path + ".retention",
            "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
                detail::format_duration(r.lease) + "): a record must outlive its claim");
   }
-  const auto key_header = lower(r.key.header);
-  if (key_header == lower(tenant.header) ||
-      (!tenant.principal_header.empty() && key_header == lower(tenant.principal_header))) {
+  const auto key_header = idem::text::lowercase(r.key.header);
+  if (key_header == idem::text::lowercase(tenant.header) ||
+      (!tenant.principal_header.empty() && key_header == idem::text::lowercase(tenant.principal_header))) {
     L.fail(lines.key_header, it.path + ".key.header",
            "the idempotency key header '" + r.key.header + "' is also the tenant or principal header");
   }
-  return r;
 }
 
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
   Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
-                  "cleanup", "replay_cache", "unmatched", "routes"});
+                  "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
@@ -672,6 +731,13 @@ Settings parse_root(const Loader& L, const Item& root) {
   if (auto v = m.get("replay_cache")) parse_replay_cache(L, *v, s.replay_cache);
   if (auto v = m.get("unmatched")) {
     s.unmatched = L.choice<Unmatched>(*v, {{"pass", Unmatched::pass}, {"reject", Unmatched::reject}});
+  }
+  if (auto v = m.get("policy_path")) {
+    s.policy_path = L.text(*v);
+    if (!s.policy_path.empty()) {
+      L.with_syntax(*v, [&] { detail::check_route_path(s.policy_path); });
+      if (s.policy_path.find('{') != std::string::npos) L.fail(*v, "cannot be a template");
+    }
   }
   if (auto v = m.get("routes")) {
     std::map<std::string, std::string> names;   // name -> path of first use

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -19,7 +20,6 @@ constexpr std::string_view kMask = "****";
 // every value (but never in keys): without it a literal "$HOME"-like text would not survive
 // a round trip.
 std::string yaml_quote(std::string_view s, bool expandable = true) {
-  static constexpr char kHex[] = "0123456789abcdef";
   std::string out = "\"";
   for (std::size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
@@ -37,8 +37,7 @@ std::string yaml_quote(std::string_view s, bool expandable = true) {
       out += "\\r";
     } else if (u < 0x20 || u == 0x7f) {
       out += "\\x";
-      out += kHex[u >> 4];
-      out += kHex[u & 0xf];
+      text::append_hex_digits(out, u, 2);
     } else if (u == 0xc2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
       // NEL, LS and PS are line breaks to a YAML reader: a raw one would be folded away.
       out += "\\N";
@@ -247,118 +246,154 @@ std::string mask_database_url(std::string_view url) {
   return mask_conninfo(url);
 }
 
+namespace {
+
+// The effective configuration as block YAML, one key a line.
+struct YamlOut {
+  std::string text;
+
+  void line(int indent, std::string_view key, const std::string& value) {
+    text.append(static_cast<std::size_t>(indent), ' ');
+    text += key;
+    text += ": ";
+    text += value;
+    text += '\n';
+  }
+  void section(int indent, std::string_view key) {
+    text.append(static_cast<std::size_t>(indent), ' ');
+    text += key;
+    text += ":\n";
+  }
+};
+
+using detail::format_duration;
+using detail::format_size;
+
+// Every key above `routes`, in the order the documentation lists them.
+void render_globals(YamlOut& y, const Settings& s) {
+  y.line(0, "listen", yaml_quote(detail::format_endpoint(s.listen)));
+  y.line(0, "workers", std::to_string(s.workers) + (s.workers == 0 ? "  # one per CPU" : ""));
+
+  y.section(0, "upstream");
+  y.line(2, "url", yaml_quote(s.upstream.url));
+  y.line(2, "connect_timeout", format_duration(s.upstream.connect_timeout));
+  y.line(2, "response_timeout", format_duration(s.upstream.response_timeout));
+  y.line(2, "max_response_body", format_size(s.upstream.max_response_body));
+
+  y.section(0, "database");
+  y.line(2, "url", yaml_quote(mask_database_url(s.database.url)));
+  y.line(2, "pool_size", std::to_string(s.database.pool_size));
+  y.line(2, "connect_timeout", format_duration(s.database.connect_timeout));
+  y.line(2, "statement_timeout", format_duration(s.database.statement_timeout));
+  y.line(2, "migrate", name(s.database.migrate));
+
+  y.section(0, "tenant");
+  y.line(2, "header", yaml_quote(s.tenant.header));
+  y.line(2, "principal_header", yaml_quote(s.tenant.principal_header));
+
+  y.section(0, "limits");
+  y.line(2, "max_header_bytes", format_size(s.limits.max_header_bytes));
+  y.line(2, "max_request_body", format_size(s.limits.max_request_body));
+  y.line(2, "header_timeout", format_duration(s.limits.header_timeout));
+  y.line(2, "body_timeout", format_duration(s.limits.body_timeout));
+  y.line(2, "idle_timeout", format_duration(s.limits.idle_timeout));
+  y.line(2, "max_connections", std::to_string(s.limits.max_connections));
+  y.line(2, "drain_timeout", format_duration(s.limits.drain_timeout));
+
+  y.section(0, "admin");
+  y.line(2, "listen", yaml_quote(s.admin.listen ? detail::format_endpoint(*s.admin.listen) : ""));
+  y.line(2, "token", yaml_quote(s.admin.token.empty() ? "" : kMask));
+
+  y.section(0, "log");
+  y.line(2, "level", name(s.log.level));
+  y.line(2, "format", name(s.log.format));
+
+  y.section(0, "cleanup");
+  y.line(2, "interval", format_duration(s.cleanup.interval));
+  y.line(2, "batch", std::to_string(s.cleanup.batch));
+
+  y.section(0, "replay_cache");
+  y.line(2, "enabled", s.replay_cache.enabled ? "true" : "false");
+  y.line(2, "max_bytes", format_size(s.replay_cache.max_bytes));
+  y.line(2, "ttl", format_duration(s.replay_cache.ttl));
+
+  y.line(0, "unmatched", name(s.unmatched));
+  y.line(0, "policy_path", yaml_quote(s.policy_path));
+}
+
+void render_fingerprint(YamlOut& y, const FingerprintSettings& f) {
+  y.section(4, "fingerprint");
+  y.line(6, "version", yaml_quote(f.version));
+  if (f.fields) {
+    y.line(6, "fields", flow_list(*f.fields));
+  } else {
+    y.text += "      # fields: not set, the whole body minus `ignore` is fingerprinted\n";
+  }
+  y.line(6, "ignore", flow_list(f.ignore));
+  if (f.defaults.empty()) {
+    y.line(6, "defaults", "{}");
+  } else {
+    y.section(6, "defaults");
+    for (const auto& [ptr, json] : f.defaults) y.line(8, yaml_quote(ptr, false), json_to_yaml_flow(json));
+  }
+  y.line(6, "headers", flow_list(f.headers));
+  y.line(6, "query", yes_no(f.query));
+}
+
+void render_route(YamlOut& y, const RouteSettings& r) {
+  y.line(2, "- name", yaml_quote(r.name));
+  y.line(4, "method", yaml_quote(r.method));
+  y.line(4, "path", yaml_quote(r.path));
+  y.line(4, "scope", yaml_quote(r.scope));
+  y.section(4, "key");
+  y.line(6, "header", yaml_quote(r.key.header));
+  y.line(6, "required", yes_no(r.key.required));
+  y.line(6, "max_length", std::to_string(r.key.max_length));
+  render_fingerprint(y, r.fingerprint);
+  y.line(4, "retention", format_duration(r.retention));
+  y.line(4, "lease", format_duration(r.lease));
+  y.line(4, "wait", format_duration(r.wait));
+  y.line(4, "retry_after", format_duration(r.retry_after));
+  y.line(4, "mismatch_status", std::to_string(r.mismatch_status));
+  y.section(4, "store");
+  y.line(6, "statuses", status_list(r.store.statuses));
+  std::vector<StatusPattern> except;
+  for (int code : r.store.except) except.push_back({code, code});
+  y.line(6, "except", status_list(except));
+  y.line(4, "replay_headers", flow_list(r.replay_headers));
+  y.line(4, "max_stored_body", format_size(r.max_stored_body));
+  y.line(4, "completion", r.completion == Completion::backend ? "backend" : "sidecar");
+  if (r.async) {
+    y.section(4, "async");
+    y.line(6, "after", format_duration(r.async->after));
+    y.line(6, "status_path", yaml_quote(r.async->status_path));
+  } else {
+    y.text += "    # async: not set, answers wait for the upstream\n";
+  }
+  y.section(4, "replay");
+  y.line(6, "mode", r.replay_mode == ReplayMode::refetch ? "refetch" : "stored");
+  y.line(4, "on_unknown_outcome",
+         r.on_unknown_outcome == UnknownOutcome::reconcile ? "reconcile" : "retake");
+  if (r.on_unknown_outcome == UnknownOutcome::reconcile) {
+    y.section(4, "reconcile");
+    y.line(6, "method", r.reconcile.method);
+    y.line(6, "path", yaml_quote(r.reconcile.path));
+  }
+}
+
+}  // namespace
+
 std::string render_effective(const Settings& s) {
-  using detail::format_duration;
-  using detail::format_size;
-  std::string o;
-  const auto line = [&o](int indent, std::string_view key, const std::string& value) {
-    o.append(static_cast<std::size_t>(indent), ' ');
-    o += key;
-    o += ": ";
-    o += value;
-    o += '\n';
-  };
-  const auto section = [&o](int indent, std::string_view key) {
-    o.append(static_cast<std::size_t>(indent), ' ');
-    o += key;
-    o += ":\n";
-  };
-
-  o += "# idemproxy effective configuration: every key, defaults filled in, secrets shown as ****.\n";
-  line(0, "listen", yaml_quote(detail::format_endpoint(s.listen)));
-  line(0, "workers", std::to_string(s.workers) + (s.workers == 0 ? "  # one per CPU" : ""));
-
-  section(0, "upstream");
-  line(2, "url", yaml_quote(s.upstream.url));
-  line(2, "connect_timeout", format_duration(s.upstream.connect_timeout));
-  line(2, "response_timeout", format_duration(s.upstream.response_timeout));
-  line(2, "max_response_body", format_size(s.upstream.max_response_body));
-
-  section(0, "database");
-  line(2, "url", yaml_quote(mask_database_url(s.database.url)));
-  line(2, "pool_size", std::to_string(s.database.pool_size));
-  line(2, "connect_timeout", format_duration(s.database.connect_timeout));
-  line(2, "statement_timeout", format_duration(s.database.statement_timeout));
-  line(2, "migrate", name(s.database.migrate));
-
-  section(0, "tenant");
-  line(2, "header", yaml_quote(s.tenant.header));
-  line(2, "principal_header", yaml_quote(s.tenant.principal_header));
-
-  section(0, "limits");
-  line(2, "max_header_bytes", format_size(s.limits.max_header_bytes));
-  line(2, "max_request_body", format_size(s.limits.max_request_body));
-  line(2, "header_timeout", format_duration(s.limits.header_timeout));
-  line(2, "body_timeout", format_duration(s.limits.body_timeout));
-  line(2, "idle_timeout", format_duration(s.limits.idle_timeout));
-  line(2, "max_connections", std::to_string(s.limits.max_connections));
-  line(2, "drain_timeout", format_duration(s.limits.drain_timeout));
-
-  section(0, "admin");
-  line(2, "listen", yaml_quote(s.admin.listen ? detail::format_endpoint(*s.admin.listen) : ""));
-  line(2, "token", yaml_quote(s.admin.token.empty() ? "" : kMask));
-
-  section(0, "log");
-  line(2, "level", name(s.log.level));
-  line(2, "format", name(s.log.format));
-
-  section(0, "cleanup");
-  line(2, "interval", format_duration(s.cleanup.interval));
-  line(2, "batch", std::to_string(s.cleanup.batch));
-
-  section(0, "replay_cache");
-  line(2, "enabled", s.replay_cache.enabled ? "true" : "false");
-  line(2, "max_bytes", format_size(s.replay_cache.max_bytes));
-  line(2, "ttl", format_duration(s.replay_cache.ttl));
-
-  line(0, "unmatched", name(s.unmatched));
-
+  YamlOut y;
+  y.text += "# idemproxy effective configuration: every key, defaults filled in, secrets shown as ****.\n";
+  render_globals(y, s);
   if (s.routes.empty()) {
-    line(0, "routes", "[]");
-    return o;
+    y.line(0, "routes", "[]");
+    return y.text;
   }
-  section(0, "routes");
-  for (const auto& r : s.routes) {
-    line(2, "- name", yaml_quote(r.name));
-    line(4, "method", yaml_quote(r.method));
-    line(4, "path", yaml_quote(r.path));
-    line(4, "scope", yaml_quote(r.scope));
-    section(4, "key");
-    line(6, "header", yaml_quote(r.key.header));
-    line(6, "required", yes_no(r.key.required));
-    line(6, "max_length", std::to_string(r.key.max_length));
-    section(4, "fingerprint");
-    line(6, "version", yaml_quote(r.fingerprint.version));
-    if (r.fingerprint.fields) {
-      line(6, "fields", flow_list(*r.fingerprint.fields));
-    } else {
-      o += "      # fields: not set, the whole body minus `ignore` is fingerprinted\n";
-    }
-    line(6, "ignore", flow_list(r.fingerprint.ignore));
-    if (r.fingerprint.defaults.empty()) {
-      line(6, "defaults", "{}");
-    } else {
-      section(6, "defaults");
-      for (const auto& [ptr, json] : r.fingerprint.defaults) {
-        line(8, yaml_quote(ptr, false), json_to_yaml_flow(json));
-      }
-    }
-    line(6, "headers", flow_list(r.fingerprint.headers));
-    line(6, "query", yes_no(r.fingerprint.query));
-    line(4, "retention", format_duration(r.retention));
-    line(4, "lease", format_duration(r.lease));
-    line(4, "wait", format_duration(r.wait));
-    line(4, "retry_after", format_duration(r.retry_after));
-    line(4, "mismatch_status", std::to_string(r.mismatch_status));
-    section(4, "store");
-    line(6, "statuses", status_list(r.store.statuses));
-    std::vector<StatusPattern> except;
-    for (int code : r.store.except) except.push_back({code, code});
-    line(6, "except", status_list(except));
-    line(4, "replay_headers", flow_list(r.replay_headers));
-    line(4, "max_stored_body", format_size(r.max_stored_body));
-  }
-  return o;
+  y.section(0, "routes");
+  for (const auto& r : s.routes) render_route(y, r);
+  return y.text;
 }
 
 }  // namespace idem::settings

@@ -5,12 +5,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cctype>
 #include <charconv>
 #include <limits>
 #include <set>
 
 #include "common/json_text.hpp"
+#include "common/text.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 
@@ -353,9 +353,8 @@ std::string format_endpoint(const Endpoint& e) {
 
 void parse_upstream_url(std::string_view url, UpstreamSettings& out) {
   const auto scheme_end = url.find("://");
-  std::string scheme(url.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end));
-  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  const std::string scheme =
+      text::lowercase(url.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end));
   if (scheme == "https") {
     throw SyntaxError(
         "https upstreams are not supported: the sidecar speaks plain HTTP to a backend beside "

@@ -1,43 +1,16 @@
 #include "store/header_codec.hpp"
 
 #include "common/json_text.hpp"
+#include "common/text.hpp"
 
 #include <cstdint>
 
 namespace idem::store::detail {
 namespace {
 
-constexpr char kHexDigits[] = "0123456789abcdef";
-
-std::string to_hex(std::string_view bytes) {
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kHexDigits[c >> 4]);
-    out.push_back(kHexDigits[c & 0x0f]);
-  }
-  return out;
-}
-
-int hex_value(char c) noexcept {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
-std::optional<std::string> from_hex(std::string_view hex) {
-  if (hex.size() % 2 != 0) return std::nullopt;
-  std::string out;
-  out.reserve(hex.size() / 2);
-  for (std::size_t i = 0; i < hex.size(); i += 2) {
-    const int hi = hex_value(hex[i]);
-    const int lo = hex_value(hex[i + 1]);
-    if (hi < 0 || lo < 0) return std::nullopt;
-    out.push_back(static_cast<char>((hi << 4) | lo));
-  }
-  return out;
-}
+using text::from_hex;
+using text::hex_value;
+using text::to_hex;
 
 // Every stored pair is valid UTF-8 by now (others went through to_hex), so the shared
 // escaper never has to repair anything here.

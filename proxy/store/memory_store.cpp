@@ -10,6 +10,7 @@ struct MemoryStore::Row {
   std::string principal;
   State state = State::in_progress;
   std::int64_t attempt = 0;
+  std::int64_t fence = 0;
   std::optional<Clock::time_point> lease_expires_at;
   std::optional<StoredResponse> response;
   Clock::time_point created_at;
@@ -53,18 +54,22 @@ asio::awaitable<result<ClaimResult>> MemoryStore::claim(const ClaimRequest& req)
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<ClaimResult>();
   Key key{req.id.tenant, req.id.endpoint, req.id.key};
-  if (rows_.count(key) != 0) co_return ClaimResult{false, 0};
+  // Drawn before the conflict check, as the INSERT's nextval() is: a lost claim uses one up.
+  const std::int64_t fence = ++last_fence_;
+  if (rows_.count(key) != 0) co_return ClaimResult{};
   const auto now = now_();
   auto row = std::make_shared<Row>();
   row->fingerprint = req.fingerprint;
   row->principal = req.principal;
   row->state = State::in_progress;
   row->attempt = 1;
+  row->fence = fence;
   row->lease_expires_at = now + req.lease;
   row->created_at = now;
   row->expires_at = now + std::max(req.retention, req.lease);
+  const Ownership owner{1, fence, epoch_us(row->created_at), epoch_us(row->expires_at)};
   rows_.emplace(std::move(key), std::move(row));
-  co_return ClaimResult{true, 1};
+  co_return ClaimResult{true, owner};
 }
 
 asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId& id) {
@@ -79,6 +84,7 @@ asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId&
   rec.principal = row.principal;
   rec.state = row.state;
   rec.attempt = row.attempt;
+  rec.fence = row.fence;
   const bool in_progress = row.state == State::in_progress;
   rec.lease_expired = in_progress && row.lease_expires_at && *row.lease_expires_at <= now;
   rec.expired = row.expires_at <= now;
@@ -96,87 +102,103 @@ asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId&
   co_return std::optional<Record>{std::move(rec)};
 }
 
-asio::awaitable<result<std::optional<std::int64_t>>> MemoryStore::take_over(
-    const RecordId& id, std::int64_t seen_attempt, Millis lease) {
+asio::awaitable<result<std::optional<Ownership>>> MemoryStore::take_over(
+    const RecordId& id, std::int64_t seen_fence, Millis lease) {
   std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<std::optional<std::int64_t>>();
+  if (unavailable_) co_return unavailable<std::optional<Ownership>>();
   auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
-  if (it == rows_.end()) co_return std::optional<std::int64_t>{};
+  if (it == rows_.end()) co_return std::optional<Ownership>{};
   Row& row = *it->second;
   const auto now = now_();
-  if (row.state != State::in_progress || row.attempt != seen_attempt ||
-      !row.lease_expires_at || *row.lease_expires_at > now) {
-    co_return std::optional<std::int64_t>{};
+  if (row.state != State::in_progress || row.fence != seen_fence || !row.lease_expires_at ||
+      *row.lease_expires_at > now) {
+    co_return std::optional<Ownership>{};
   }
   row.attempt += 1;
+  row.fence = ++last_fence_;
   row.lease_expires_at = now + lease;
   row.expires_at = std::max(row.expires_at, now + lease);
-  co_return std::optional<std::int64_t>{row.attempt};
+  co_return std::optional<Ownership>{
+      Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
 }
 
-asio::awaitable<result<std::optional<std::int64_t>>> MemoryStore::replace_expired(
-    const ClaimRequest& req, std::int64_t seen_attempt) {
+asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
+    const ClaimRequest& req, std::int64_t seen_fence) {
   std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<std::optional<std::int64_t>>();
+  if (unavailable_) co_return unavailable<std::optional<Ownership>>();
   auto it = rows_.find(Key{req.id.tenant, req.id.endpoint, req.id.key});
-  if (it == rows_.end()) co_return std::optional<std::int64_t>{};
+  if (it == rows_.end()) co_return std::optional<Ownership>{};
   Row& row = *it->second;
   const auto now = now_();
   const bool lease_free = row.state == State::completed ||
                           (row.lease_expires_at && *row.lease_expires_at <= now);
-  if (row.attempt != seen_attempt || row.expires_at > now || !lease_free) {
-    co_return std::optional<std::int64_t>{};
+  if (row.fence != seen_fence || row.expires_at > now || !lease_free) {
+    co_return std::optional<Ownership>{};
   }
   Row fresh;
   fresh.fingerprint = req.fingerprint;
   fresh.principal = req.principal;
   fresh.state = State::in_progress;
   fresh.attempt = row.attempt + 1;
+  fresh.fence = ++last_fence_;
   fresh.lease_expires_at = now + req.lease;
   fresh.created_at = now;
   fresh.expires_at = now + std::max(req.retention, req.lease);
   row = std::move(fresh);
-  co_return std::optional<std::int64_t>{row.attempt};
+  co_return std::optional<Ownership>{
+      Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
 }
 
-asio::awaitable<result<bool>> MemoryStore::complete(const RecordId& id, std::int64_t attempt,
-                                                    const StoredResponse& response,
-                                                    Millis retention) {
+asio::awaitable<result<Completed>> MemoryStore::complete(const RecordId& id, std::int64_t fence,
+                                                          const StoredResponse& response,
+                                                          Millis retention) {
   std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<bool>();
+  if (unavailable_) co_return unavailable<Completed>();
   auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
-  if (it == rows_.end()) co_return false;
+  if (it == rows_.end()) co_return Completed{Completion::fenced, 0};
   Row& row = *it->second;
-  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
+  // As stored: an omitted body is kept as none (PostgreSQL stores NULL).
+  StoredResponse kept = response;
+  if (kept.body_omitted) kept.body.clear();
+  if (row.fence != fence) co_return Completed{Completion::fenced, 0};
+  if (row.state == State::completed) {
+    if (row.response != kept) co_return Completed{Completion::fenced, 0};
+    co_return Completed{Completion::already_recorded, epoch_us(row.expires_at)};
+  }
   const auto now = now_();
   row.state = State::completed;
-  row.response = response;
-  if (response.body_omitted) row.response->body.clear();  // as PostgreSQL stores NULL
+  row.response = std::move(kept);
   row.completed_at = now;
   row.expires_at = now + retention;
   row.lease_expires_at.reset();
-  co_return true;
+  co_return Completed{Completion::recorded, epoch_us(row.expires_at)};
 }
 
-asio::awaitable<result<bool>> MemoryStore::release(const RecordId& id, std::int64_t attempt) {
+// The row of `id` while the holder of `fence` owns it (in progress, same fencing token);
+// rows_.end() otherwise. The caller holds the mutex.
+MemoryStore::Rows::iterator MemoryStore::find_owned(const RecordId& id, std::int64_t fence) {
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) return it;
+  const Row& row = *it->second;
+  return row.state == State::in_progress && row.fence == fence ? it : rows_.end();
+}
+
+asio::awaitable<result<bool>> MemoryStore::release(const RecordId& id, std::int64_t fence) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
-  const Row& row = *it->second;
-  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
   rows_.erase(it);
   co_return true;
 }
 
-asio::awaitable<result<bool>> MemoryStore::renew(const RecordId& id, std::int64_t attempt,
+asio::awaitable<result<bool>> MemoryStore::renew(const RecordId& id, std::int64_t fence,
                                                  Millis lease) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
   Row& row = *it->second;
-  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
   const auto now = now_();
   row.lease_expires_at = now + lease;
   row.expires_at = std::max(row.expires_at, now + lease);
@@ -184,14 +206,12 @@ asio::awaitable<result<bool>> MemoryStore::renew(const RecordId& id, std::int64_
 }
 
 asio::awaitable<result<bool>> MemoryStore::expire_lease(const RecordId& id,
-                                                        std::int64_t attempt) {
+                                                        std::int64_t fence) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<bool>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  auto it = find_owned(id, fence);
   if (it == rows_.end()) co_return false;
-  Row& row = *it->second;
-  if (row.state != State::in_progress || row.attempt != attempt) co_return false;
-  row.lease_expires_at = now_();
+  it->second->lease_expires_at = now_();
   co_return true;
 }
 

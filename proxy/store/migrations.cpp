@@ -10,6 +10,8 @@
 #include <libpq-fe.h>
 #include <openssl/evp.h>
 
+#include "common/text.hpp"
+
 namespace idem::store {
 
 const char* const kSchemaQuery =
@@ -41,9 +43,7 @@ using ResultPtr = std::unique_ptr<PGresult, ResultClearer>;
 void discard_notice(void*, const char*) {}
 
 std::string trimmed_message(const char* msg) {
-  std::string s = msg ? msg : "";
-  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-  return s;
+  return std::string(text::trim_end(msg ? msg : "", "\n "));
 }
 
 // The password values in `conninfo`, to scrub from libpq's messages. libpq's parser quotes
@@ -144,14 +144,7 @@ std::string migration_checksum(const EmbeddedMigration& m) {
   if (EVP_Digest(m.sql.data(), m.sql.size(), digest, &length, EVP_sha256(), nullptr) != 1) {
     throw std::runtime_error("SHA-256 failed");
   }
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(length * 2);
-  for (unsigned int i = 0; i < length; ++i) {
-    out.push_back(kHex[digest[i] >> 4]);
-    out.push_back(kHex[digest[i] & 0x0f]);
-  }
-  return out;
+  return text::to_hex(digest, length);
 }
 
 SchemaCheck compare_schema(const std::vector<std::pair<int, std::string>>& applied) {

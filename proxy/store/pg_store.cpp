@@ -24,6 +24,7 @@ constexpr const char* kRead = "idem_read";
 constexpr const char* kTakeOver = "idem_take_over";
 constexpr const char* kReplaceExpired = "idem_replace_expired";
 constexpr const char* kComplete = "idem_complete";
+constexpr const char* kCompletedAlready = "idem_completed_already";
 constexpr const char* kRelease = "idem_release";
 constexpr const char* kRenew = "idem_renew";
 constexpr const char* kExpireLease = "idem_expire_lease";
@@ -33,16 +34,21 @@ constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
 
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
+// Every claim draws a fencing token, the loser's is simply never used: a sequence value is
+// never handed out twice, which is the whole point (migration 0003).
 constexpr const char* kClaimSql = R"sql(
 INSERT INTO idempotency_requests
   (tenant_id, endpoint, idempotency_key, request_fingerprint, principal, state,
-   attempt_token, lease_expires_at, created_at, expires_at)
+   attempt_token, lease_expires_at, created_at, expires_at, fencing_token)
 VALUES ($1, $2, $3, $4, $5, 'in_progress', 1,
         now() + $6::bigint * interval '1 millisecond', now(),
         GREATEST(now() + $7::bigint * interval '1 millisecond',
-                 now() + $6::bigint * interval '1 millisecond'))
+                 now() + $6::bigint * interval '1 millisecond'),
+        nextval('idempotency_fencing_tokens'))
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
-RETURNING attempt_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
 // Column order is part of the contract with decode_record() below.
 constexpr const char* kReadSql = R"sql(
@@ -50,6 +56,7 @@ SELECT request_fingerprint,
        principal,
        state,
        attempt_token,
+       fencing_token,
        (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,
        (expires_at <= now()) AS expired,
        CASE WHEN state = 'in_progress' AND lease_expires_at > now()
@@ -68,22 +75,27 @@ SELECT request_fingerprint,
 FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 
-// Compare-and-swap on the token the caller saw: of several duplicates that all saw the
-// same expired lease, the row lock lets exactly one UPDATE match; the others re-check
-// the WHERE clause against the new row version and match nothing.
+// Compare-and-swap on the fencing token the caller saw: of several duplicates that all saw
+// the same expired lease, the row lock lets exactly one UPDATE match; the others re-check
+// the WHERE clause against the new row version (a new token) and match nothing. The new
+// token is drawn under the row lock, after the old owner's: it is also the larger.
 constexpr const char* kTakeOverSql = R"sql(
 UPDATE idempotency_requests
 SET attempt_token = attempt_token + 1,
+    fencing_token = nextval('idempotency_fencing_tokens'),
     lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND state = 'in_progress'
-  AND attempt_token = $4::bigint
+  AND fencing_token = $4::bigint
   AND lease_expires_at <= now()
-RETURNING attempt_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
-// Every column is reset: nothing of the expired operation may leak into the new one,
-// except the token, which keeps counting up so a straggler of the old operation stays
+// Every column is reset: nothing of the expired operation may leak into the new one. The
+// attempt keeps counting up (backends that compare attempts of one operation id see it
+// grow), and the fencing token is drawn anew, so a straggler of the old operation stays
 // fenced.
 constexpr const char* kReplaceExpiredSql = R"sql(
 UPDATE idempotency_requests
@@ -91,6 +103,7 @@ SET request_fingerprint = $4,
     principal = $5,
     state = 'in_progress',
     attempt_token = attempt_token + 1,
+    fencing_token = nextval('idempotency_fencing_tokens'),
     lease_expires_at = now() + $6::bigint * interval '1 millisecond',
     response_status = NULL,
     response_headers = NULL,
@@ -102,11 +115,18 @@ SET request_fingerprint = $4,
     expires_at = GREATEST(now() + $7::bigint * interval '1 millisecond',
                           now() + $6::bigint * interval '1 millisecond')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
-  AND attempt_token = $8::bigint
+  AND fencing_token = $8::bigint
   AND expires_at <= now()
   AND (state = 'completed' OR lease_expires_at <= now())
-RETURNING attempt_token)sql";
+RETURNING attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
+// The owner writes (complete, release, renew, expire lease) are conditioned on the fencing
+// token of the caller's claim, which no other claim of this key ever carried: a stale owner
+// of an earlier claim, released, taken over, replaced or purged since, matches nothing.
+// The state check keeps a completed record final even for its own claim.
+//
 // The body is a binary parameter: no escaping, NUL bytes and all.
 constexpr const char* kCompleteSql = R"sql(
 UPDATE idempotency_requests
@@ -120,13 +140,29 @@ SET state = 'completed',
     expires_at = now() + $10::bigint * interval '1 millisecond',
     lease_expires_at = NULL
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
-  AND attempt_token = $4::bigint
-  AND state = 'in_progress')sql";
+  AND fencing_token = $4::bigint
+  AND state = 'in_progress'
+RETURNING (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
+
+// Run only when a completion wrote nothing: was it because this very fence already
+// recorded this very answer (a retried completion whose first try committed), or because
+// another claim owns the row? A statement of its own, so it sees every commit so far. The
+// parameters are the completion's, but for the retention.
+constexpr const char* kCompletedAlreadySql = R"sql(
+SELECT (extract(epoch FROM expires_at) * 1000000)::bigint FROM idempotency_requests
+WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND fencing_token = $4::bigint
+  AND state = 'completed'
+  AND response_status = $5::integer
+  AND response_headers = $6::jsonb
+  AND response_body IS NOT DISTINCT FROM $7::bytea
+  AND response_body_omitted = $8::boolean
+  AND resource_id IS NOT DISTINCT FROM NULLIF($9, ''))sql";
 
 constexpr const char* kReleaseSql = R"sql(
 DELETE FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
-  AND attempt_token = $4::bigint
+  AND fencing_token = $4::bigint
   AND state = 'in_progress')sql";
 
 constexpr const char* kRenewSql = R"sql(
@@ -134,14 +170,14 @@ UPDATE idempotency_requests
 SET lease_expires_at = now() + $5::bigint * interval '1 millisecond',
     expires_at = GREATEST(expires_at, now() + $5::bigint * interval '1 millisecond')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
-  AND attempt_token = $4::bigint
+  AND fencing_token = $4::bigint
   AND state = 'in_progress')sql";
 
 constexpr const char* kExpireLeaseSql = R"sql(
 UPDATE idempotency_requests
 SET lease_expires_at = now()
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
-  AND attempt_token = $4::bigint
+  AND fencing_token = $4::bigint
   AND state = 'in_progress')sql";
 
 constexpr const char* kPurgeSql = R"sql(
@@ -188,6 +224,7 @@ enum ReadColumn {
   kColPrincipal,
   kColState,
   kColAttempt,
+  kColFence,
   kColLeaseExpired,
   kColExpired,
   kColLeaseRemaining,
@@ -218,16 +255,19 @@ result<Record> decode_record(const pg::Result& r) {
     return bad_row();
   }
   const auto attempt = r.int64(0, kColAttempt);
+  const auto fence = r.int64(0, kColFence);
   const auto lease_expired = r.boolean(0, kColLeaseExpired);
   const auto expired = r.boolean(0, kColExpired);
   const auto lease_remaining = r.int64(0, kColLeaseRemaining);
   const auto created = r.int64(0, kColCreatedAt);
   const auto expires = r.int64(0, kColExpiresAt);
   const auto retention_remaining = r.int64(0, kColRetentionRemaining);
-  if (!attempt || !expired || !lease_remaining || !created || !expires || !retention_remaining) {
+  if (!attempt || !fence || !expired || !lease_remaining || !created || !expires ||
+      !retention_remaining) {
     return bad_row();
   }
   rec.attempt = *attempt;
+  rec.fence = *fence;
   rec.lease_expired = lease_expired.value_or(false);  // NULL for completed rows
   rec.expired = *expired;
   rec.lease_remaining = Millis{*lease_remaining};
@@ -260,12 +300,16 @@ result<Record> decode_record(const pg::Result& r) {
   return rec;
 }
 
-// RETURNING attempt_token: one row = the write happened.
-result<std::optional<std::int64_t>> returned_attempt(const pg::Result& r) {
-  if (r.rows() == 0) return std::optional<std::int64_t>{};
+// RETURNING attempt_token, fencing_token, created_at, expires_at: one row = the write
+// happened.
+result<std::optional<Ownership>> returned_ownership(const pg::Result& r) {
+  if (r.rows() == 0) return std::optional<Ownership>{};
   const auto attempt = r.int64(0, 0);
-  if (!attempt) return bad_row();
-  return std::optional<std::int64_t>{*attempt};
+  const auto fence = r.int64(0, 1);
+  const auto created = r.int64(0, 2);
+  const auto expires = r.int64(0, 3);
+  if (r.columns() != 4 || !attempt || !fence || !created || !expires) return bad_row();
+  return std::optional<Ownership>{Ownership{*attempt, *fence, *created, *expires}};
 }
 
 }  // namespace
@@ -277,6 +321,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kTakeOver, kTakeOverSql},
       {kReplaceExpired, kReplaceExpiredSql},
       {kComplete, kCompleteSql},
+      {kCompletedAlready, kCompletedAlreadySql},
       {kRelease, kReleaseSql},
       {kRenew, kRenewSql},
       {kExpireLease, kExpireLeaseSql},
@@ -332,11 +377,11 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
   if (!read_with_claim()) {
     auto r = co_await pool_->execute(kClaim, std::move(params));
     if (!r) co_return failed<ClaimResult>(r.error());
-    auto attempt = returned_attempt(*r);
-    if (!attempt) co_return attempt.error();
-    count_claim(!*attempt);
-    if (!*attempt) co_return ClaimResult{false, 0};
-    co_return ClaimResult{true, **attempt};
+    auto owner = returned_ownership(*r);
+    if (!owner) co_return owner.error();
+    count_claim(!*owner);
+    if (!*owner) co_return ClaimResult{};
+    co_return ClaimResult{true, **owner};
   }
 
   // The claim and the read a loser needs go out together (pipeline mode, one sync point):
@@ -351,10 +396,10 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
   statements.push_back({kRead, key_params(req.id, {})});
   auto r = co_await pool_->execute_pipeline(std::move(statements));
   if (!r) co_return failed<ClaimResult>(r.error());
-  auto attempt = returned_attempt((*r)[0]);
-  if (!attempt) co_return attempt.error();
-  count_claim(!*attempt);
-  if (*attempt) co_return ClaimResult{true, **attempt};
+  auto owner = returned_ownership((*r)[0]);
+  if (!owner) co_return owner.error();
+  count_claim(!*owner);
+  if (*owner) co_return ClaimResult{true, **owner};
   ClaimResult lost;
   lost.row_read = true;
   if ((*r)[1].rows() > 0) {
@@ -375,59 +420,74 @@ asio::awaitable<result<std::optional<Record>>> PgStore::read(const RecordId& id)
   co_return std::optional<Record>{std::move(*rec)};
 }
 
-asio::awaitable<result<std::optional<std::int64_t>>> PgStore::take_over(
-    const RecordId& id, std::int64_t seen_attempt, Millis lease) {
-  const std::string seen = std::to_string(seen_attempt);
+asio::awaitable<result<std::optional<Ownership>>> PgStore::take_over(
+    const RecordId& id, std::int64_t seen_fence, Millis lease) {
+  const std::string seen = std::to_string(seen_fence);
   const std::string lease_ms = millis(lease);
   auto params = key_params(id, {pg::Param::text(seen), pg::Param::text(lease_ms)});
   auto r = co_await pool_->execute(kTakeOver, std::move(params));
-  if (!r) co_return failed<std::optional<std::int64_t>>(r.error());
-  co_return returned_attempt(*r);
+  if (!r) co_return failed<std::optional<Ownership>>(r.error());
+  co_return returned_ownership(*r);
 }
 
-asio::awaitable<result<std::optional<std::int64_t>>> PgStore::replace_expired(
-    const ClaimRequest& req, std::int64_t seen_attempt) {
+asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
+    const ClaimRequest& req, std::int64_t seen_fence) {
   const std::string lease = millis(req.lease);
   const std::string retention = millis(req.retention);
-  const std::string seen = std::to_string(seen_attempt);
+  const std::string seen = std::to_string(seen_fence);
   auto params = key_params(req.id, {pg::Param::text(req.fingerprint),
                                     pg::Param::text(req.principal), pg::Param::text(lease),
                                     pg::Param::text(retention), pg::Param::text(seen)});
   auto r = co_await pool_->execute(kReplaceExpired, std::move(params));
-  if (!r) co_return failed<std::optional<std::int64_t>>(r.error());
-  co_return returned_attempt(*r);
+  if (!r) co_return failed<std::optional<Ownership>>(r.error());
+  co_return returned_ownership(*r);
 }
 
-asio::awaitable<result<bool>> PgStore::complete(const RecordId& id, std::int64_t attempt,
-                                                const StoredResponse& response,
-                                                Millis retention) {
-  const std::string token = std::to_string(attempt);
+asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::int64_t fence,
+                                                      const StoredResponse& response,
+                                                      Millis retention) {
+  const std::string token = std::to_string(fence);
   const std::string status = std::to_string(response.status);
   const std::string headers = detail::encode_headers_json(response.headers);
   const std::string retention_ms = millis(retention);
   // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
   const pg::Param body =
       response.body_omitted ? pg::Param::null_value() : pg::Param::bytes(response.body);
-  auto params = key_params(
-      id, {pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
-           pg::Param::text(response.body_omitted ? "true" : "false"),
-           pg::Param::text(response.resource_id), pg::Param::text(retention_ms)});
+  const std::vector<pg::Param> answer{
+      pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
+      pg::Param::text(response.body_omitted ? "true" : "false"),
+      pg::Param::text(response.resource_id)};
+  auto params = key_params(id, {});
+  params.insert(params.end(), answer.begin(), answer.end());
+  auto check_params = params;  // the same, without the retention
+  params.push_back(pg::Param::text(retention_ms));
   auto r = co_await pool_->execute(kComplete, std::move(params));
-  if (!r) co_return failed<bool>(r.error());
-  co_return r->affected_rows() == 1;
+  if (!r) co_return failed<Completed>(r.error());
+  const auto expiry = [](const pg::Result& rows) -> result<Completed> {
+    const auto us = rows.int64(0, 0);
+    if (!us) return bad_row();
+    return Completed{Completion::recorded, *us};
+  };
+  if (r->rows() == 1) co_return expiry(*r);
+  auto already = co_await pool_->execute(kCompletedAlready, std::move(check_params));
+  if (!already) co_return failed<Completed>(already.error());
+  if (already->rows() != 1) co_return Completed{Completion::fenced, 0};
+  auto done = expiry(*already);
+  if (done) done->outcome = Completion::already_recorded;
+  co_return done;
 }
 
-asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t attempt) {
-  const std::string token = std::to_string(attempt);
+asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t fence) {
+  const std::string token = std::to_string(fence);
   auto params = key_params(id, {pg::Param::text(token)});
   auto r = co_await pool_->execute(kRelease, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
 }
 
-asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t attempt,
+asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fence,
                                              Millis lease) {
-  const std::string token = std::to_string(attempt);
+  const std::string token = std::to_string(fence);
   const std::string lease_ms = millis(lease);
   auto params = key_params(id, {pg::Param::text(token), pg::Param::text(lease_ms)});
   auto r = co_await pool_->execute(kRenew, std::move(params));
@@ -435,8 +495,8 @@ asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t at
   co_return r->affected_rows() == 1;
 }
 
-asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t attempt) {
-  const std::string token = std::to_string(attempt);
+asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t fence) {
+  const std::string token = std::to_string(fence);
   auto params = key_params(id, {pg::Param::text(token)});
   auto r = co_await pool_->execute(kExpireLease, std::move(params));
   if (!r) co_return failed<bool>(r.error());

@@ -28,18 +28,18 @@ class PgStore final : public Store {
 
   asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) override;
   asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) override;
-  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const RecordId& id,
-                                                                 std::int64_t seen_attempt,
-                                                                 Millis lease) override;
-  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
-      const ClaimRequest& req, std::int64_t seen_attempt) override;
-  asio::awaitable<result<bool>> complete(const RecordId& id, std::int64_t attempt,
-                                         const StoredResponse& response,
-                                         Millis retention) override;
-  asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t attempt) override;
-  asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t attempt,
+  asio::awaitable<result<std::optional<Ownership>>> take_over(const RecordId& id,
+                                                              std::int64_t seen_fence,
+                                                              Millis lease) override;
+  asio::awaitable<result<std::optional<Ownership>>> replace_expired(
+      const ClaimRequest& req, std::int64_t seen_fence) override;
+  asio::awaitable<result<Completed>> complete(const RecordId& id, std::int64_t fence,
+                                               const StoredResponse& response,
+                                               Millis retention) override;
+  asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t fence) override;
+  asio::awaitable<result<bool>> renew(const RecordId& id, std::int64_t fence,
                                       Millis lease) override;
-  asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t attempt) override;
+  asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t fence) override;
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;

@@ -10,10 +10,12 @@
 // whether the request is protected by a claim) may decide to try again.
 //
 // Per-request costs are kept low on purpose, since every proxied request pays them: a
-// pooled connection keeps its read buffer and its deadline timer, the deadline timer is
-// lazy (see Connection::arm), and the request head is written by hand in one buffer
+// pooled connection keeps its read buffer and its deadline timer, the deadline is lazy
+// (common/deadline.hpp), and the request head is written by hand in one buffer
 // rather than through Beast's serializer.
+#include "common/deadline.hpp"
 #include "common/http_head.hpp"
+#include "common/message_parser.hpp"
 #include "upstream/client.hpp"
 
 #include <sys/socket.h>
@@ -43,6 +45,11 @@ using tcp = asio::ip::tcp;
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 // Above this, a pooled connection gives its buffers back before going idle.
 constexpr std::size_t kKeepBufferBytes = 64 * 1024;
+// The read buffer never holds more unparsed input than the header limit plus this: body
+// bytes are consumed as they arrive, so only an unfinished header, chunk line or trailer
+// section could fill it (a chunk extension or trailer that never ends would otherwise
+// grow it until the response timeout).
+constexpr std::size_t kReadBufferSlack = 64 * 1024;
 
 std::string strip_brackets(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -73,9 +80,11 @@ bool still_usable(tcp::socket& socket) noexcept {
 }
 
 Failure classify_read_error(const error_code& ec) noexcept {
-  if (ec == http::error::body_limit || ec == http::error::header_limit) {
-    // The header limit is reported as "too large" as well: the backend did answer, and
-    // what it sent was bigger than we accept.
+  if (ec == http::error::body_limit || ec == http::error::header_limit ||
+      ec == http::error::buffer_overflow) {
+    // The header limit (and the trailer and extension budget, and the buffer cap) is
+    // reported as "too large" as well: the backend did answer, and what it sent was bigger
+    // than we accept.
     return Failure::response_too_large;
   }
   if (ec == http::error::end_of_stream || ec == http::error::partial_message) {
@@ -106,30 +115,27 @@ void append_request_head(std::string& out, const Request& req) {
 
 // One connection to the backend and what it keeps from one exchange to the next.
 //
-// The deadline is lazy, like the client sessions' (server.cpp): arm() records it and only
-// starts a timer wait when none is pending or the pending one is due later; when a wait
-// fires it compares the clock with the deadline then current. Exchanges on a pooled
-// connection arm later and later deadlines, so the timer fires about once per
+// The deadline is lazy (common/deadline.hpp), like the client sessions': exchanges on a
+// pooled connection arm later and later deadlines, so the timer fires about once per
 // response_timeout instead of being set and cancelled for every write and read. A passed
-// deadline shuts the socket down, so whatever step of the exchange is running (or
-// starts next) fails at once.
-class Connection : public std::enable_shared_from_this<Connection> {
+// deadline shuts the socket down, so whatever step of the exchange is running (or starts
+// next) fails at once.
+class Connection {
  public:
-  explicit Connection(const asio::any_io_executor& ex) : socket(ex), timer_(ex) {}
+  explicit Connection(const asio::any_io_executor& ex)
+      : socket(ex), deadline_(ex, [this] {
+          error_code ignored;
+          socket.cancel(ignored);
+          socket.shutdown(tcp::socket::shutdown_both, ignored);
+        }) {}
 
-  void arm(SteadyClock::time_point deadline) {
-    timed_out_ = false;
-    deadline_ = deadline;
-    if (!timer_pending_ || deadline_ < timer_expiry_) start_timer();
-  }
-  void disarm() noexcept { deadline_ = SteadyClock::time_point::max(); }
-  bool timed_out() const noexcept { return timed_out_; }
+  void arm(SteadyClock::time_point deadline) { deadline_.arm(deadline); }
+  void disarm() noexcept { deadline_.disarm(); }
+  bool timed_out() const noexcept { return deadline_.expired(); }
 
-  // Closes the socket and lets go of the timer (whose handler holds this object).
+  // Closes the socket and cancels the deadline's pending wait.
   void close() noexcept {
-    closed_ = true;
-    disarm();
-    timer_.cancel();
+    deadline_.stop();
     error_code ignored;
     socket.close(ignored);
   }
@@ -140,33 +146,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   SteadyClock::time_point since;  // when it went idle
 
  private:
-  void start_timer() {
-    timer_expiry_ = deadline_;
-    timer_pending_ = true;
-    const auto generation = ++timer_generation_;
-    timer_.expires_at(timer_expiry_);
-    timer_.async_wait([self = shared_from_this(), generation](const error_code& ec) {
-      if (generation != self->timer_generation_) return;  // replaced by a newer wait
-      self->timer_pending_ = false;
-      if (ec || self->closed_ || self->deadline_ == SteadyClock::time_point::max()) return;
-      if (SteadyClock::now() < self->deadline_) {
-        self->start_timer();
-        return;
-      }
-      self->timed_out_ = true;
-      error_code ignored;
-      self->socket.cancel(ignored);
-      self->socket.shutdown(tcp::socket::shutdown_both, ignored);
-    });
-  }
-
-  asio::steady_timer timer_;
-  SteadyClock::time_point deadline_ = SteadyClock::time_point::max();
-  SteadyClock::time_point timer_expiry_{};
-  std::uint64_t timer_generation_ = 0;
-  bool timer_pending_ = false;
-  bool timed_out_ = false;
-  bool closed_ = false;
+  LazyDeadline deadline_;
 };
 
 using ConnectionPtr = std::shared_ptr<Connection>;
@@ -192,6 +172,8 @@ struct Pool::Impl {
   ~Impl() { close_all_idle(); }
 
   asio::awaitable<error_code> ensure_endpoints();
+  asio::awaitable<ConnectionPtr> connect(SteadyClock::time_point deadline);
+  asio::awaitable<void> read_response(ConnectionPtr& conn, bool head, Outcome& out);
   ConnectionPtr take_idle();
   void give_back(ConnectionPtr conn);
   void drop_expired(SteadyClock::time_point now);
@@ -300,15 +282,13 @@ void Pool::shutdown() {
 
 std::size_t Pool::idle_count() const noexcept { return impl_->idle.size(); }
 
-asio::awaitable<Outcome> Pool::send(Request request) {
-  Impl& pool = *impl_;
-  const auto deadline = SteadyClock::now() + pool.options.response_timeout;
-  Outcome out;
+namespace {
 
-  // We speak HTTP/1.1 on this hop whatever the client spoke (RFC 9110 §6.2: an
-  // intermediary sends its own version), and we frame the body ourselves.
+// We speak HTTP/1.1 on this hop whatever the client spoke (RFC 9110 §6.2: an intermediary
+// sends its own version), and we frame the body ourselves.
+void prepare_request(Request& request, const std::string& host_value) {
   request.version(11);
-  if (request.find(http::field::host) == request.end()) request.set(http::field::host, pool.host_value);
+  if (request.find(http::field::host) == request.end()) request.set(http::field::host, host_value);
   request.erase(http::field::transfer_encoding);
   request.erase(http::field::content_length);
   // Not prepare_payload(): it throws on a TRACE with a body, and send() must not throw.
@@ -319,7 +299,98 @@ asio::awaitable<Outcome> Pool::send(Request request) {
     request.content_length(request.body().size());
   }
   request.keep_alive(true);
-  const bool head = method == http::verb::head;
+}
+
+// Writes the request. Failure::none when all of it went out; a write that failed before
+// the kernel accepted one byte means the backend cannot have seen the request, which is
+// as safe to release as a refused connect.
+asio::awaitable<Failure> write_request(Connection& conn, const Request& request) {
+  conn.head.clear();
+  append_request_head(conn.head, request);
+  const std::array<asio::const_buffer, 2> request_bytes{asio::buffer(conn.head),
+                                                        asio::buffer(request.body())};
+  auto [wec, written] = co_await asio::async_write(conn.socket, request_bytes, use_tuple);
+  if (!wec && !conn.timed_out()) co_return Failure::none;
+  if (written == 0) co_return Failure::connect_failed;
+  co_return conn.timed_out() ? Failure::timeout : Failure::broken;
+}
+
+}  // namespace
+
+// A new connection to the backend within the connect timeout (and the exchange's
+// deadline), or nullptr when none could be made.
+asio::awaitable<ConnectionPtr> Pool::Impl::connect(SteadyClock::time_point deadline) {
+  if (const auto ec = co_await ensure_endpoints()) co_return nullptr;
+  // A copy: another exchange may clear the shared list while this connect is running.
+  const std::vector<tcp::endpoint> candidates = endpoints;
+  auto conn = std::make_shared<Connection>(executor);
+  conn->arm(std::min(deadline, SteadyClock::now() + options.connect_timeout));
+  // The condition stops the walk through the candidates once the deadline passed.
+  const auto in_time = [c = conn.get()](const error_code&, const tcp::endpoint&) {
+    return !c->timed_out();
+  };
+  auto [ec, endpoint] = co_await asio::async_connect(conn->socket, candidates, in_time, use_tuple);
+  if (ec || conn->timed_out()) {
+    conn->close();
+    // The name may now point elsewhere (a redeployed backend): look it up again next time.
+    if (!literal) endpoints.clear();
+    co_return nullptr;
+  }
+  error_code ignored;
+  conn->socket.set_option(tcp::no_delay(true), ignored);
+  co_return conn;
+}
+
+// Reads the final response (interim 1xx skipped) into `out`, and gives the connection
+// back to the pool when the exchange ended at a boundary both sides agree on.
+asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, Outcome& out) {
+  conn->buffer.max_size(options.max_response_header + kReadBufferSlack);
+  for (;;) {
+    // Trailer fields of a chunked response are dropped rather than merged into the header
+    // (common/message_parser.hpp); with chunk extensions they share the header's limit.
+    http_parse::MessageParser<false> parser(options.max_response_header);
+    parser.header_limit(static_cast<std::uint32_t>(
+        std::min<std::size_t>(options.max_response_header, UINT32_MAX)));
+    parser.body_limit(options.max_response_body);
+    if (head) parser.skip(true);  // a HEAD response carries a length but no body
+    auto [rec, n] = co_await http::async_read(conn->socket, conn->buffer, parser, use_tuple);
+    if (conn->timed_out()) {
+      out.failure = Failure::timeout;
+      co_return;
+    }
+    if (rec) {
+      out.failure = classify_read_error(rec);
+      co_return;
+    }
+    const unsigned status = parser.get().result_int();
+    if (status == 101) {
+      out.failure = Failure::bad_response;  // we never asked to switch protocols
+      co_return;
+    }
+    if (status / 100 == 1) continue;  // interim (100 Continue, 103 Early Hints): skip
+
+    // Pool the connection only when the exchange ended exactly at a message boundary
+    // that both sides agree on: a close-delimited body, "Connection: close" or stray
+    // bytes after the response all mean the stream cannot carry another request.
+    // Neither does a response whose framing forbids a body (204, 304, any answer to
+    // HEAD): a backend that sends one anyway leaves those bytes on the connection, maybe
+    // only after we looked, and the next request would read them as its own response
+    // (a 502 for a request the backend ran, or another request's answer recorded as its
+    // own). Such answers are rare on protected routes; a new connection costs less.
+    const bool bodiless = head || status == 204 || status == 304;
+    const bool reusable = parser.keep_alive() && !parser.need_eof() && !bodiless &&
+                          conn->buffer.size() == 0;
+    out.response = parser.release();
+    if (reusable) give_back(std::move(conn));  // conn is null now: nothing to close
+    co_return;
+  }
+}
+
+asio::awaitable<Outcome> Pool::send(Request request) {
+  Impl& pool = *impl_;
+  const auto deadline = SteadyClock::now() + pool.options.response_timeout;
+  Outcome out;
+  prepare_request(request, pool.host_value);
 
   // Whatever way this exchange ends, a connection that is not back in the pool is closed
   // (which also releases its deadline timer).
@@ -333,78 +404,16 @@ asio::awaitable<Outcome> Pool::send(Request request) {
 
   if (conn) {
     out.reused_connection = true;
-  } else {
-    if (const auto ec = co_await pool.ensure_endpoints()) {
-      out.failure = Failure::connect_failed;
-      co_return out;
-    }
-    // A copy: another exchange may clear the shared list while this connect is running.
-    const std::vector<tcp::endpoint> candidates = pool.endpoints;
-    conn = std::make_shared<Connection>(pool.executor);
-    conn->arm(std::min(deadline, SteadyClock::now() + pool.options.connect_timeout));
-    // The condition stops the walk through the candidates once the deadline passed.
-    const auto in_time = [c = conn.get()](const error_code&, const tcp::endpoint&) {
-      return !c->timed_out();
-    };
-    auto [ec, endpoint] =
-        co_await asio::async_connect(conn->socket, candidates, in_time, use_tuple);
-    if (ec || conn->timed_out()) {
-      // The name may now point elsewhere (a redeployed backend): look it up again next time.
-      if (!pool.literal) pool.endpoints.clear();
-      out.failure = Failure::connect_failed;
-      co_return out;
-    }
-    error_code ignored;
-    conn->socket.set_option(tcp::no_delay(true), ignored);
+  } else if (conn = co_await pool.connect(deadline); !conn) {
+    out.failure = Failure::connect_failed;
+    co_return out;
   }
 
   conn->arm(deadline);
-  conn->head.clear();
-  append_request_head(conn->head, request);
-  const std::array<asio::const_buffer, 2> request_bytes{asio::buffer(conn->head),
-                                                        asio::buffer(request.body())};
-  auto [wec, written] = co_await asio::async_write(conn->socket, request_bytes, use_tuple);
-  if (wec || conn->timed_out()) {
-    // Not one byte accepted by the kernel means the backend cannot have seen the request:
-    // that is as safe to release as a refused connect.
-    if (written == 0) {
-      out.failure = Failure::connect_failed;
-    } else {
-      out.failure = conn->timed_out() ? Failure::timeout : Failure::broken;
-    }
-    co_return out;
-  }
-
-  for (;;) {
-    http::response_parser<http::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(
-        std::min<std::size_t>(pool.options.max_response_header, UINT32_MAX)));
-    parser.body_limit(pool.options.max_response_body);
-    if (head) parser.skip(true);  // a HEAD response carries a length but no body
-    auto [rec, n] = co_await http::async_read(conn->socket, conn->buffer, parser, use_tuple);
-    if (conn->timed_out()) {
-      out.failure = Failure::timeout;
-      co_return out;
-    }
-    if (rec) {
-      out.failure = classify_read_error(rec);
-      co_return out;
-    }
-    const unsigned status = parser.get().result_int();
-    if (status == 101) {
-      out.failure = Failure::bad_response;  // we never asked to switch protocols
-      co_return out;
-    }
-    if (status / 100 == 1) continue;  // interim (100 Continue, 103 Early Hints): skip
-
-    // Pool the connection only when the exchange ended exactly at a message boundary
-    // that both sides agree on: a close-delimited body, "Connection: close" or stray
-    // bytes after the response all mean the stream cannot carry another request.
-    const bool reusable = parser.keep_alive() && !parser.need_eof() && conn->buffer.size() == 0;
-    out.response = parser.release();
-    if (reusable) pool.give_back(std::move(conn));  // conn is null now: nothing to close
-    co_return out;
-  }
+  out.failure = co_await write_request(*conn, request);
+  if (out.failure != Failure::none) co_return out;
+  co_await pool.read_response(conn, request.method() == http::verb::head, out);
+  co_return out;
 }
 
 const char* to_string(Failure f) noexcept {

@@ -16,8 +16,10 @@
 #include <spdlog/spdlog.h>
 
 #include "admin/admin.hpp"
+#include "common/time_text.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
+#include "test_support/problem.hpp"
 
 namespace {
 
@@ -45,17 +47,17 @@ class HangingStore final : public store::Store {
   asio::awaitable<result<std::optional<store::Record>>> read(const store::RecordId&) override {
     return hang<std::optional<store::Record>>();
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const store::RecordId&,
-                                                                 std::int64_t, Millis) override {
-    return hang<std::optional<std::int64_t>>();
+  asio::awaitable<result<std::optional<store::Ownership>>> take_over(const store::RecordId&,
+                                                                     std::int64_t, Millis) override {
+    return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+  asio::awaitable<result<std::optional<store::Ownership>>> replace_expired(
       const store::ClaimRequest&, std::int64_t) override {
-    return hang<std::optional<std::int64_t>>();
+    return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId&, std::int64_t,
-                                         const store::StoredResponse&, Millis) override {
-    return hang<bool>();
+  asio::awaitable<result<store::Completed>> complete(const store::RecordId&, std::int64_t,
+                                                      const store::StoredResponse&, Millis) override {
+    return hang<store::Completed>();
   }
   asio::awaitable<result<bool>> release(const store::RecordId&, std::int64_t) override {
     return hang<bool>();
@@ -122,9 +124,9 @@ struct Fixture {
       resp.status = 201;
       resp.headers = {{"Content-Type", "application/json"}, {"Location", "/orders/SECRET-LOCATION"}};
       resp.body = R"({"card":"SECRET-BODY"})";
-      auto done = co_await memory.complete(id, won->attempt, resp, Millis{3600000});
+      auto done = co_await memory.complete(id, won->owner.fence, resp, Millis{3600000});
       REQUIRE(done.has_value());
-      CHECK(*done);
+      CHECK(*done == store::Completion::recorded);
     });
   }
 
@@ -141,9 +143,7 @@ boost::json::object body_json(const server::Response& res) {
   return boost::json::parse(res.body()).as_object();
 }
 
-std::string problem_code(const server::Response& res) {
-  return std::string(body_json(res).at("code").as_string());
-}
+using test::problem_code;
 
 }  // namespace
 
@@ -294,7 +294,7 @@ TEST_CASE("token comparison and bearer parsing") {
 }
 
 TEST_CASE("timestamps are RFC 3339 UTC with microseconds") {
-  using admin::detail::rfc3339_from_us;
+  using idem::rfc3339_from_us;
   CHECK(rfc3339_from_us(0) == "1970-01-01T00:00:00.000000Z");
   CHECK(rfc3339_from_us(1'700'000'000'123'456) == "2023-11-14T22:13:20.123456Z");
   CHECK(rfc3339_from_us(-1) == "1969-12-31T23:59:59.999999Z");
@@ -319,6 +319,7 @@ TEST_CASE("a record lookup shows state and timing, never the body or header valu
   CHECK(std::string(o.at("key_hash").as_string()) == idempotency::log_hash("acme", "order/1?x"));
   CHECK(o.at("state") == "completed");
   CHECK(o.at("attempt") == 1);
+  CHECK(o.at("fencing_token").as_int64() > 0);
   CHECK(o.at("created_at") == "2023-11-14T22:13:20.000000Z");
   CHECK(o.at("completed_at") == "2023-11-14T22:13:20.000000Z");
   CHECK(o.at("expires_at") == "2023-11-14T23:13:20.000000Z");

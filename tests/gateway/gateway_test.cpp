@@ -17,9 +17,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "common/time_text.hpp"
+#include "gateway/caching_store.hpp"
 #include "gateway/gateway.hpp"
+#include "idempotency/backend_completion.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "store/memory_store.hpp"
+#include "test_support/problem.hpp"
 
 namespace {
 
@@ -70,6 +74,18 @@ class ScriptedUpstream final : public upstream::Client {
   }
   void open_gate() { gate.cancel(); }
 
+  // Holds the next answer until the returned gate is cancelled; `status` is the answer.
+  std::shared_ptr<asio::steady_timer> hold_next_on_own_gate(int status = 201) {
+    auto own = std::make_shared<asio::steady_timer>(gate.get_executor());
+    own->expires_at(SteadyClock::time_point::max());
+    scripts.push_back([own, status](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      error_code ec;
+      co_await own->async_wait(asio::redirect_error(asio::use_awaitable, ec));
+      co_return created(seq, req, status);
+    });
+    return own;
+  }
+
   void fail_next(upstream::Failure f) {
     scripts.push_back([f](const upstream::Request&, int) -> asio::awaitable<upstream::Outcome> {
       upstream::Outcome out;
@@ -92,17 +108,20 @@ class ScriptedUpstream final : public upstream::Client {
   asio::steady_timer gate;
 };
 
-// A lost claim that comes with the row already read, as PgStore hands it over when it
-// sends the claim and the read in one round trip: the gateway must decide on it exactly as
-// on its own read().
-class ReadAlongStore final : public store::Store {
+// A decorator over the in-memory store with two knobs:
+//   * read_along: a lost claim comes with the row already read, as PgStore hands it over
+//     when it sends the claim and the read in one round trip; the gateway must decide on
+//     it exactly as on its own read();
+//   * commit_then_fail_completes: the next N completions are written and then reported
+//     as timed out, as when a statement commits but its answer never arrives.
+class ProbeStore final : public store::Store {
  public:
-  explicit ReadAlongStore(store::Store& inner) : inner_(inner) {}
+  explicit ProbeStore(store::Store& inner) : inner_(inner) {}
 
   asio::awaitable<result<store::ClaimResult>> claim(const store::ClaimRequest& req) override {
     ++claims;
     auto claimed = co_await inner_.claim(req);
-    if (!claimed || claimed->won) co_return claimed;
+    if (!read_along || !claimed || claimed->won) co_return claimed;
     auto row = co_await inner_.read(req.id);
     if (!row) co_return row.error();
     claimed->row_read = true;
@@ -114,29 +133,35 @@ class ReadAlongStore final : public store::Store {
     ++reads;
     return inner_.read(id);
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> take_over(const store::RecordId& id,
-                                                                 std::int64_t seen,
-                                                                 Millis lease) override {
+  asio::awaitable<result<std::optional<store::Ownership>>> take_over(const store::RecordId& id,
+                                                                     std::int64_t seen,
+                                                                     Millis lease) override {
     return inner_.take_over(id, seen, lease);
   }
-  asio::awaitable<result<std::optional<std::int64_t>>> replace_expired(
+  asio::awaitable<result<std::optional<store::Ownership>>> replace_expired(
       const store::ClaimRequest& req, std::int64_t seen) override {
     return inner_.replace_expired(req, seen);
   }
-  asio::awaitable<result<bool>> complete(const store::RecordId& id, std::int64_t attempt,
-                                         const store::StoredResponse& response,
-                                         Millis retention) override {
-    return inner_.complete(id, attempt, response, retention);
+  asio::awaitable<result<store::Completed>> complete(const store::RecordId& id, std::int64_t fence,
+                                                      const store::StoredResponse& response,
+                                                      Millis retention) override {
+    ++completes;
+    auto written = co_await inner_.complete(id, fence, response, retention);
+    if (commit_then_fail_completes > 0 && written) {
+      --commit_then_fail_completes;
+      co_return make_error_code(errc::store_timeout);
+    }
+    co_return written;
   }
-  asio::awaitable<result<bool>> release(const store::RecordId& id, std::int64_t attempt) override {
-    return inner_.release(id, attempt);
+  asio::awaitable<result<bool>> release(const store::RecordId& id, std::int64_t fence) override {
+    return inner_.release(id, fence);
   }
-  asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t attempt,
+  asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t fence,
                                       Millis lease) override {
-    return inner_.renew(id, attempt, lease);
+    return inner_.renew(id, fence, lease);
   }
-  asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t attempt) override {
-    return inner_.expire_lease(id, attempt);
+  asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t fence) override {
+    return inner_.expire_lease(id, fence);
   }
   asio::awaitable<result<bool>> purge(const store::RecordId& id) override { return inner_.purge(id); }
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override {
@@ -146,9 +171,12 @@ class ReadAlongStore final : public store::Store {
     return inner_.oldest_in_progress_age();
   }
 
+  bool read_along = false;
+  int commit_then_fail_completes = 0;
   int claims = 0;
   int rows_handed_over = 0;  // lost claims that came with their row
   int reads = 0;             // separate read() calls
+  int completes = 0;
 
  private:
   store::Store& inner_;
@@ -157,8 +185,9 @@ class ReadAlongStore final : public store::Store {
 const std::string kBody = R"({"customer_id":"c1","amount":1000,"currency":"EUR"})";
 
 struct Fixture {
-  explicit Fixture(bool read_along = false) : read_along_store(store), upstream(ioc.get_executor()) {
-    use_read_along = read_along;
+  explicit Fixture(bool read_along = false)
+      : probe(store), caching(probe, cache), upstream(ioc.get_executor()) {
+    probe.read_along = read_along;
     spdlog::set_level(spdlog::level::off);
     settings::Settings s;
     s.upstream.host = "127.0.0.1";
@@ -189,11 +218,10 @@ struct Fixture {
     gateway::Dependencies deps;
     deps.executor = ioc.get_executor();
     deps.runtime = holder;
-    deps.store = use_read_along ? static_cast<store::Store*>(&read_along_store) : &store;
+    deps.store = &caching;
     deps.upstream = &upstream;
     deps.waiters = &waiters;
     deps.metrics = &metrics;
-    deps.replay_cache = &cache;
     gw = std::make_unique<gateway::Gateway>(std::move(deps));
   }
 
@@ -274,24 +302,18 @@ struct Fixture {
   system_clock::time_point now = system_clock::now();
   asio::io_context ioc;
   store::MemoryStore store{[this] { return now; }};
-  ReadAlongStore read_along_store;
-  bool use_read_along = false;
-  ScriptedUpstream upstream;
-  gateway::WaiterRegistry waiters;
   obs::Metrics metrics;
   // Inactive (never listening) unless a test says so: the other cases test the store path.
   gateway::ReplayCache cache{&metrics};
+  ProbeStore probe;
+  gateway::CachingStore caching;
+  ScriptedUpstream upstream;
+  gateway::WaiterRegistry waiters;
   std::shared_ptr<gateway::RuntimeHolder> holder;
   std::unique_ptr<gateway::Gateway> gw;
 };
 
-std::string problem_code(const server::Response& res) {
-  const auto& b = res.body();
-  const auto at = b.find("\"code\":\"");
-  if (at == std::string::npos) return {};
-  const auto start = at + 8;
-  return b.substr(start, b.find('"', start) - start);
-}
+using test::problem_code;
 
 
 }  // namespace
@@ -415,21 +437,25 @@ TEST_CASE("a key-less request on a non-required route passes through unprotected
   CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"].empty());
 }
 
-TEST_CASE("client-supplied operation id and attempt headers never reach the backend") {
+TEST_CASE("client-supplied operation id, attempt and fencing token headers never reach the backend") {
   Fixture f;
   auto req = Fixture::order("k1", kBody);
   req.set("X-Idempotency-Operation-Id", "forged");
   req.set("X-Idempotency-Attempt", "99");
+  req.set("X-Idempotency-Fencing-Token", "99");
   f.call(std::move(req));
   REQUIRE(f.upstream.calls.size() == 1);
   CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
   CHECK(f.upstream.calls[0]["X-Idempotency-Operation-Id"] != "forged");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Fencing-Token"] == std::to_string(f.row("k1")->fence));
 
   server::Request other{http::verb::get, "/health", 11};
   other.set("X-Idempotency-Attempt", "99");
+  other.set("X-Idempotency-Fencing-Token", "99");
   f.call(std::move(other));
   REQUIRE(f.upstream.calls.size() == 2);
   CHECK(f.upstream.calls[1].find("X-Idempotency-Attempt") == f.upstream.calls[1].end());
+  CHECK(f.upstream.calls[1].find("X-Idempotency-Fencing-Token") == f.upstream.calls[1].end());
 }
 
 TEST_CASE("upstream 5xx releases the claim; a retry reaches the backend; 422 is stored") {
@@ -576,11 +602,132 @@ TEST_CASE("a stale owner's completion is fenced after a takeover") {
   CHECK(fresh->result_int() == 201);
   REQUIRE(f.upstream.calls.size() == 2);
   CHECK(f.upstream.calls[1]["X-Idempotency-Attempt"] == "2");
+  CHECK(f.upstream.calls[1]["X-Idempotency-Fencing-Token"] !=
+        f.upstream.calls[0]["X-Idempotency-Fencing-Token"]);
   auto row = f.row("k1");
   REQUIRE(row);
   CHECK(row->attempt == 2);
   CHECK(row->response->body == fresh->body());
-  CHECK(f.metrics.fenced_writes() >= 1);
+  CHECK(f.metrics.fenced_writes() == 1);
+  // The stale owner's client gets what the record holds, never the unrecorded answer.
+  CHECK(stale->result_int() == 201);
+  CHECK(stale->body() == fresh->body());
+  CHECK(stale->at("Idempotent-Replayed") == "true");
+  CHECK(f.metrics.fenced_answers("replayed") == 1);
+}
+
+// The defect per-row tokens had: a release deletes the row, the next claim of the key starts
+// again at attempt 1, and the owner of the released claim, resumed, matched it. Here that
+// stale owner gets a 503 from the backend and releases: with per-row tokens it deleted the
+// new claim, whose completion then found no row, and its client saw 201 for an operation
+// PostgreSQL held no record of.
+TEST_CASE("a stale owner of a released claim cannot touch the key's next claim") {
+  Fixture f;
+  f.route().lease = Millis{1000};
+  auto stale_gate = f.upstream.hold_next_on_own_gate(503);  // the stale owner's call
+  f.upstream.answer_next(503);                               // the takeover's call
+  auto next_gate = f.upstream.hold_next_on_own_gate(201);    // the next claim's call
+  std::optional<server::Response> stale, taken, next;
+  std::optional<store::Record> while_next_runs;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(f.ioc);
+    auto until_calls = [&](std::size_t n) -> asio::awaitable<void> {
+      while (f.upstream.calls.size() < n) {
+        t.expires_after(Millis{1});
+        co_await t.async_wait(asio::use_awaitable);
+      }
+    };
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { stale = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    co_await until_calls(1);
+    f.now += std::chrono::seconds(5);  // the owner looks dead: its lease lapsed
+    taken = co_await f.handle(Fixture::order("k1", kBody));  // takes over, 503, releases
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { next = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    co_await until_calls(3);
+    stale_gate->cancel();  // the stale owner resumes with its 503 and releases... nothing
+    while (!stale) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    const store::RecordId id{"t1", "POST /orders", "k1"};
+    while_next_runs = (co_await f.store.read(id)).value();
+    next_gate->cancel();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(stale);
+  REQUIRE(taken);
+  REQUIRE(next);
+  REQUIRE(f.upstream.calls.size() == 3);
+  const auto& calls = f.upstream.calls;
+  CHECK(calls[0]["X-Idempotency-Attempt"] == "1");
+  CHECK(calls[1]["X-Idempotency-Attempt"] == "2");
+  CHECK(calls[2]["X-Idempotency-Attempt"] == "1");  // a fresh claim after the release
+  CHECK(calls[2]["X-Idempotency-Fencing-Token"] != calls[0]["X-Idempotency-Fencing-Token"]);
+  CHECK(taken->result_int() == 503);
+
+  // The stale release changed nothing: the next claim still ran, under its own token.
+  REQUIRE(while_next_runs);
+  CHECK(while_next_runs->state == store::State::in_progress);
+  CHECK(std::to_string(while_next_runs->fence) == std::string(calls[2]["X-Idempotency-Fencing-Token"]));
+  // Its client was told to retry, not given the backend's answer to a stale attempt.
+  CHECK(stale->result_int() == 409);
+  CHECK(problem_code(*stale) == "idempotency_in_progress");
+
+  // The next claim completed, and the record holds exactly what its client saw.
+  CHECK(next->result_int() == 201);
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  REQUIRE(row->response);
+  CHECK(row->response->body == next->body());
+  CHECK(f.metrics.fenced_writes() == 1);
+  CHECK(f.metrics.fenced_answers("in_progress") == 1);
+}
+
+TEST_CASE("a completion retried after a lost answer that finds its own record is a success") {
+  Fixture f;
+  f.probe.commit_then_fail_completes = 1;  // committed, but the answer never arrived
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(f.probe.completes == 2);
+  CHECK(res.result_int() == 201);
+  CHECK(res["Idempotent-Replayed"].empty());
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->response->body == res.body());
+  CHECK(f.metrics.fenced_writes() == 0);  // nothing was fenced
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+}
+
+TEST_CASE("a fenced owner whose key is free again answers 503 to retry, never its own answer") {
+  Fixture f;
+  f.route().lease = Millis{1000};
+  auto stale_gate = f.upstream.hold_next_on_own_gate(201);
+  f.upstream.answer_next(503);  // the takeover's call: released, the key is free
+  std::optional<server::Response> stale, taken;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::steady_timer t(f.ioc);
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { stale = co_await f.handle(Fixture::order("k1", kBody)); }, asio::detached);
+    while (f.upstream.calls.empty()) {
+      t.expires_after(Millis{1});
+      co_await t.async_wait(asio::use_awaitable);
+    }
+    f.now += std::chrono::seconds(5);
+    taken = co_await f.handle(Fixture::order("k1", kBody));
+    stale_gate->cancel();
+  }, asio::detached);
+  f.ioc.run();
+  REQUIRE(stale);
+  REQUIRE(taken);
+  CHECK(taken->result_int() == 503);
+  CHECK(stale->result_int() == 503);
+  CHECK(problem_code(*stale) == "idempotency_store_unavailable");
+  CHECK_FALSE(stale->at(http::field::retry_after).empty());
+  CHECK(f.store.size() == 0);  // the stale owner did not claim or write anything
+  CHECK(f.metrics.fenced_answers("unavailable") == 1);
+  // The retry it was told to make runs as a new claim and is recorded.
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 201);
+  CHECK(f.row("k1")->state == store::State::completed);
 }
 
 TEST_CASE("another principal's key is forbidden") {
@@ -669,8 +816,8 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
     CHECK(problem_code(reused) == "idempotency_key_reused");
     CHECK(f.upstream.calls.size() == 1);
-    CHECK(f.read_along_store.rows_handed_over == 2);
-    CHECK(f.read_along_store.reads == 0);  // the row came with the claim both times
+    CHECK(f.probe.rows_handed_over == 2);
+    CHECK(f.probe.reads == 0);  // the row came with the claim both times
   }
 
   SUBCASE("an in-progress row read with the claim is read again once the waiter is registered") {
@@ -685,10 +832,10 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     CHECK((*dup)["Idempotent-Replayed"] == "true");
     CHECK(dup->body() == owner->body());
     CHECK(f.upstream.calls.size() == 1);
-    CHECK(f.read_along_store.rows_handed_over == 1);
+    CHECK(f.probe.rows_handed_over == 1);
     // The handed-over row said "in progress": not trusted for a wait, read again after
     // the waiter's registration, then once more after the wake-up.
-    CHECK(f.read_along_store.reads >= 2);
+    CHECK(f.probe.reads >= 2);
   }
 
   SUBCASE("an expired record is replaced, an expired lease taken over") {
@@ -708,7 +855,7 @@ TEST_CASE("a lost claim that brings its row along is decided exactly like a read
     CHECK(retried.result_int() == 201);
     REQUIRE(f.upstream.calls.size() == 4);
     CHECK(f.upstream.calls[3]["X-Idempotency-Attempt"] == "2");
-    CHECK(f.read_along_store.rows_handed_over == 2);
+    CHECK(f.probe.rows_handed_over == 2);
   }
 }
 
@@ -722,11 +869,11 @@ TEST_CASE("with the replay cache: a replayed record answers retries from memory,
 
   auto from_store = f.call(Fixture::order("k1", kBody));
   CHECK(from_store["Idempotent-Replayed"] == "true");
-  CHECK(f.read_along_store.claims == 2);
+  CHECK(f.probe.claims == 2);
   CHECK(f.cache.entries() == 1);
 
   auto from_memory = f.call(Fixture::order("\"k1\"", R"({"amount":1e3,"customer_id":"c1"})"));
-  CHECK(f.read_along_store.claims == 2);  // no store call at all
+  CHECK(f.probe.claims == 2);  // no store call at all
   CHECK(f.metrics.replay_cache_hits() == 1);
   CHECK(from_memory.result_int() == from_store.result_int());
   CHECK(from_memory.body() == from_store.body());
@@ -739,14 +886,14 @@ TEST_CASE("with the replay cache: a replayed record answers retries from memory,
   auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":7})"));
   CHECK(reused.result_int() == 409);
   CHECK(problem_code(reused) == "idempotency_key_reused");
-  CHECK(f.read_along_store.claims == 2);
+  CHECK(f.probe.claims == 2);
 
   // Another tenant's same key is its own record: a miss, a new operation.
   auto other = f.call(Fixture::order("k1", kBody, "t2"));
   CHECK(other.result_int() == 201);
   CHECK(other["Idempotent-Replayed"].empty());
   CHECK(f.upstream.calls.size() == 2);
-  CHECK(f.read_along_store.claims == 3);
+  CHECK(f.probe.claims == 3);
 }
 
 TEST_CASE("with the replay cache: an announced change sends the next request to the store") {
@@ -781,7 +928,7 @@ TEST_CASE("with the replay cache inactive (not listening), every retry reads the
   for (int i = 0; i < 3; ++i) {
     CHECK(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
   }
-  CHECK(f.read_along_store.claims == 4);
+  CHECK(f.probe.claims == 4);
   CHECK(f.cache.entries() == 0);
   CHECK(f.metrics.replay_cache_hits() == 0);
 }
@@ -799,11 +946,514 @@ TEST_CASE("with the replay cache: another principal is refused from memory too")
   };
   REQUIRE(f.call(as("alice")).result_int() == 201);
   REQUIRE(f.call(as("alice"))["Idempotent-Replayed"] == "true");  // read, kept
-  const int claims = f.read_along_store.claims;
+  const int claims = f.probe.claims;
   auto bob = f.call(as("bob"));
   CHECK(bob.result_int() == 403);
   CHECK(problem_code(bob) == "idempotency_key_forbidden");
   CHECK(f.call(as("alice"))["Idempotent-Replayed"] == "true");
-  CHECK(f.read_along_store.claims == claims);  // both decided on the cached record
+  CHECK(f.probe.claims == claims);  // both decided on the cached record
   CHECK(f.metrics.replay_cache_hits() == 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Request hardening (issue 10): what the gateway decides by is what the backend receives.
+
+TEST_CASE("look-alikes of the tenant and trusted headers never reach the backend") {
+  Fixture f;
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X_Tenant_Id", "victim");
+  req.insert("X_Idempotency_Operation_Id", "forged");
+  req.insert("X_Idempotency_Attempt", "99");
+  req.insert("Idempotency_Key", "other");
+  CHECK(f.call(std::move(req)).result_int() == 201);
+  server::Request other{http::verb::get, "/health", 11};
+  other.insert("X_Idempotency_Attempt", "99");
+  other.insert("X_Tenant_Id", "victim");
+  f.call(std::move(other));
+  REQUIRE(f.upstream.calls.size() == 2);
+  for (const auto& sent : f.upstream.calls) {
+    for (const auto& field : sent) CHECK(std::string(field.name_string()).find('_') == std::string::npos);
+  }
+  CHECK(f.upstream.calls[0]["X-Tenant-Id"] == "t1");
+  CHECK(f.upstream.calls[0]["X-Idempotency-Attempt"] == "1");
+}
+
+TEST_CASE("Connection naming a decided header is refused before anything is claimed") {
+  Fixture f;
+  for (const char* option : {"X-Tenant-Id", "Idempotency-Key", "Host", "Content-Type"}) {
+    CAPTURE(option);
+    auto req = Fixture::order("k1", kBody);
+    req.set(http::field::connection, std::string("keep-alive, ") + option);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  server::Request other{http::verb::get, "/health", 11};
+  other.set("X-Tenant-Id", "t1");
+  other.set(http::field::connection, "X-Tenant-Id");
+  CHECK(f.call(std::move(other)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a repeated principal header is refused") {
+  Fixture f;
+  auto s = std::make_shared<settings::Settings>(f.holder->load()->settings());
+  s->tenant.principal_header = "X-User-Id";
+  f.configure(*s);
+  auto req = Fixture::order("k1", kBody);
+  req.insert("X-User-Id", "alice");
+  req.insert("X-User-Id", "bob");
+  auto res = f.call(std::move(req));
+  CHECK(res.result_int() == 401);
+  CHECK(problem_code(res) == "principal_invalid");
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a target that resembles a route is refused, not passed through unprotected") {
+  Fixture f;
+  for (const char* target : {"//orders", "/orders/", "/Orders", "/orders;x=1"}) {
+    CAPTURE(target);
+    auto req = Fixture::order("k1", kBody);
+    req.target(target);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == "bad_request");
+  }
+  auto lower = Fixture::order("k1", kBody);
+  lower.method_string("post");
+  CHECK(f.call(std::move(lower)).result_int() == 400);
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+  server::Request get{http::verb::get, "/orders/", 11};
+  CHECK(f.call(std::move(get)).result_int() == 201);  // another method: not the route
+}
+
+TEST_CASE("a backend's own replay markers are stripped from the first answer and not recorded") {
+  Fixture f;
+  f.route().replay_headers.push_back("Idempotent-Replayed");
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotent-Replayed", "true");
+    out.response.set("Idempotent-Replay-Body", "omitted");
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first.count("Idempotent-Replayed") == 0);
+  CHECK(first.count("Idempotent-Replay-Body") == 0);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  for (const auto& h : row->response->headers) CHECK(h.name.find("Idempotent") == std::string::npos);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.count("Idempotent-Replayed") == 1);
+  CHECK(replay.count("Idempotent-Replay-Body") == 0);
+  CHECK_FALSE(replay.body().empty());
+}
+
+TEST_CASE("a Location that is not UTF-8 is recorded exactly; the resource id is text") {
+  Fixture f;
+  const std::string location = "/orders/\xff\xfe-\x80";
+  f.upstream.scripts.push_back([location](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set(http::field::location, location);
+    co_return out;
+  });
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first[http::field::location] == location);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  CHECK(row->response->resource_id == "/orders/%FF%FE-%80");
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay[http::field::location] == location);
+}
+
+// ---- completion: backend ---------------------------------------------------------------------
+
+namespace {
+
+// The fencing token of an X-Idempotency-Record reference (v1.<fence>.<ms>.<scope>.<key>).
+std::int64_t fence_of_reference(std::string_view ref) {
+  const auto a = ref.find('.');
+  const auto b = ref.find('.', a + 1);
+  return std::stoll(std::string(ref.substr(a + 1, b - a - 1)));
+}
+
+// A backend that completes the record in its own "transaction" (here: the in-memory store,
+// under the fence its reference names) and says so with the digest of what it recorded.
+// `recorded_body`: what it records; the response carries `sent_body`.
+upstream::Outcome backend_recording(Fixture& f, const upstream::Request& req, int seq,
+                                    std::string recorded_body, std::string sent_body,
+                                    bool say_recorded = true) {
+  auto out = ScriptedUpstream::created(seq, req);
+  out.response.body() = sent_body;
+  out.response.prepare_payload();
+  store::StoredResponse rec;
+  rec.status = 201;
+  rec.headers = {{"Content-Type", "application/json"}};
+  rec.body = recorded_body;
+  rec.resource_id = "/orders/ord-" + std::to_string(seq);
+  const store::RecordId id{std::string(req["X-Tenant-Id"]), "POST /orders",
+                           std::string(req["Idempotency-Key"])};
+  const auto fence = fence_of_reference(req["X-Idempotency-Record"]);
+  std::optional<store::Completion> done;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    done = (co_await f.store.complete(id, fence, rec, Millis{3600000})).value().outcome;
+  }, asio::detached);
+  // The store answers without suspending: the completion has run by now.
+  REQUIRE(done == store::Completion::recorded);
+  if (say_recorded) {
+    out.response.set("X-Idempotency-Recorded",
+                      idempotency::answer_digest(201, rec.resource_id, recorded_body));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("completion: backend — a record the backend confirms costs the sidecar no write") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  f.upstream.scripts.push_back([&](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    co_return backend_recording(f, req, seq, "{\"order\":1}", "{\"order\":1}");
+  });
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 201);
+  CHECK(res.body() == "{\"order\":1}");
+  CHECK(res["X-Idempotency-Recorded"].empty());  // the backend's control field stays here
+  CHECK(f.probe.completes == 0);
+  const auto& sent = f.upstream.calls.front();
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(sent["X-Idempotency-Record"] ==
+        idempotency::record_reference(row->fence, f.route().retention, "POST /orders", "k1"));
+  CHECK(sent["X-Idempotency-Record-Created"] == rfc3339_from_us(row->created_at_us));
+  CHECK_FALSE(sent["X-Idempotency-Record-Expires"].empty());
+  CHECK(f.metrics.backend_completions("confirmed") == 1);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == "{\"order\":1}");
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+TEST_CASE("completion: backend — a backend that recorded another answer is counted; the record wins") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  f.upstream.scripts.push_back([&](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    co_return backend_recording(f, req, seq, "{\"order\":\"recorded\"}", "{\"order\":\"sent\"}");
+  });
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 201);
+  CHECK(res.body() == "{\"order\":\"recorded\"}");  // what every retry will get
+  CHECK(res["Idempotent-Replayed"].empty());
+  CHECK(f.probe.completes == 0);
+  CHECK(f.metrics.backend_completions("differed") == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+  CHECK(f.call(Fixture::order("k1", kBody)).body() == res.body());
+}
+
+TEST_CASE("completion: backend — a backend that did not record leaves it to the sidecar") {
+  Fixture f;
+  f.route().completion = settings::Completion::backend;
+  auto res = f.call(Fixture::order("k1", kBody));  // the scripted default records nothing
+  CHECK(res.result_int() == 201);
+  CHECK(f.probe.completes == 1);
+  CHECK(f.row("k1")->state == store::State::completed);
+  CHECK(f.metrics.backend_completions("absent") == 1);
+}
+
+TEST_CASE("completion: sidecar — no record reference is forwarded, and the sidecar writes") {
+  Fixture f;
+  f.call(Fixture::order("k1", kBody));
+  const auto& sent = f.upstream.calls.front();
+  CHECK(sent.find("X-Idempotency-Record") == sent.end());
+  CHECK_FALSE(sent["X-Idempotency-Record-Created"].empty());  // the lifetime goes everywhere
+  CHECK(f.probe.completes == 1);
+  CHECK(f.metrics.backend_completions("absent") == 0);
+}
+
+TEST_CASE("a backend directive releases or records one answer against the route's lists") {
+  Fixture f;
+  SUBCASE("release: a 201 that must not be remembered (e.g. validation)") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 201);
+      out.response.set("X-Idempotency-Directive", "release");
+      co_return out;
+    });
+    auto res = f.call(Fixture::order("k1", kBody));
+    CHECK(res.result_int() == 201);
+    CHECK(res["X-Idempotency-Directive"].empty());
+    CHECK_FALSE(f.row("k1").has_value());  // released
+    CHECK(f.metrics.directives("release") == 1);
+    CHECK(f.metrics.requests("create-order", obs::Outcome::released) == 1);
+  }
+  SUBCASE("record: a 503 that is a deterministic rejection") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 503);
+      out.response.set("X-Idempotency-Directive", "Record");
+      co_return out;
+    });
+    auto res = f.call(Fixture::order("k1", kBody));
+    CHECK(res.result_int() == 503);
+    const auto row = f.row("k1");
+    REQUIRE(row);
+    CHECK(row->state == store::State::completed);
+    CHECK(row->response->status == 503);
+    REQUIRE(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
+    CHECK(f.metrics.directives("record") == 1);
+  }
+  SUBCASE("anything else is ignored, counted, and the route's lists decide") {
+    f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+      auto out = ScriptedUpstream::created(seq, req, 201);
+      out.response.set("X-Idempotency-Directive", "forget-it");
+      co_return out;
+    });
+    f.call(Fixture::order("k1", kBody));
+    CHECK(f.row("k1")->state == store::State::completed);
+    CHECK(f.metrics.directives("invalid") == 1);
+  }
+}
+
+// ---- Long operations: key expiry, re-fetch replays, reconciliation --------------------------
+
+TEST_CASE("the key's expiry is advertised from the record: first answer, replay, in progress") {
+  Fixture f;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  const std::string expires = imf_fixdate_from_us(row->expires_at_us);
+  CHECK(first["Idempotency-Key-Expires"] == expires);
+  auto again = f.call(Fixture::order("k1", kBody));
+  CHECK(again["Idempotent-Replayed"] == "true");
+  CHECK(again["Idempotency-Key-Expires"] == expires);
+  // A backend's own value never reaches the client.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotency-Key-Expires", "Thu, 01 Jan 2099 00:00:00 GMT");
+    co_return out;
+  });
+  auto other = f.call(Fixture::order("k2", kBody));
+  CHECK(other["Idempotency-Key-Expires"] == imf_fixdate_from_us(f.row("k2")->expires_at_us));
+  // A mismatch is about another request's key: nothing about its lifetime goes out.
+  auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c2","amount":1})"));
+  CHECK(reused.result_int() == 409);
+  CHECK(reused["Idempotency-Key-Expires"].empty());
+}
+
+TEST_CASE("the key's expiry: a duplicate that gives up waiting is told the running record's") {
+  Fixture f;
+  auto gate = f.upstream.hold_next_on_own_gate();
+  std::optional<server::Response> owner, dup;
+  std::int64_t running_expiry = 0;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k9", kBody)); }, asio::detached);
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+      dup = co_await f.handle(Fixture::order("k9", kBody));
+      const store::RecordId id{"t1", "POST /orders", "k9"};
+      auto r = co_await f.store.read(id);
+      if (r && *r) running_expiry = (*r)->expires_at_us;
+      gate->cancel();  // only now may the owner complete
+    }, asio::detached);
+    co_return;
+  }, asio::detached);
+  f.ioc.restart();
+  f.ioc.run();
+  REQUIRE(dup);
+  REQUIRE(dup->result_int() == 409);
+  REQUIRE(running_expiry > 0);
+  CHECK((*dup)["Idempotency-Key-Expires"] == imf_fixdate_from_us(running_expiry));
+  REQUIRE(owner);
+  CHECK((*owner)["Idempotency-Key-Expires"] == imf_fixdate_from_us(f.row("k9")->expires_at_us));
+}
+
+namespace {
+
+server::Request with_credentials(server::Request req, std::string_view auth) {
+  req.set(http::field::authorization, auth);
+  return req;
+}
+
+void answer_with(ScriptedUpstream& up, int status, std::string body, std::string etag = {}) {
+  up.scripts.push_back([status, body, etag](const upstream::Request&, int) -> asio::awaitable<upstream::Outcome> {
+    upstream::Outcome out;
+    out.response.result(static_cast<http::status>(status));
+    out.response.version(11);
+    out.response.set(http::field::content_type, "application/json");
+    if (!etag.empty()) out.response.set(http::field::etag, etag);
+    out.response.body() = body;
+    out.response.prepare_payload();
+    co_return out;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("refetch: a replay GETs the resource as the retrying client and answers the first status") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+
+  answer_with(f.upstream, 200, R"({"order_id":"ord-1","status":"shipped"})", "\"v2\"");
+  auto replay = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice-renewed"));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& fetch = f.upstream.calls[1];
+  CHECK(fetch.method() == http::verb::get);
+  CHECK(fetch.target() == "/orders/ord-1");
+  CHECK(fetch[http::field::authorization] == "Bearer alice-renewed");
+  CHECK(fetch["X-Tenant-Id"] == "t1");
+  CHECK(fetch.body().empty());
+  CHECK(fetch[http::field::content_type].empty());
+  CHECK(fetch["Idempotency-Key"].empty());
+  CHECK(fetch["X-Idempotency-Operation-Id"].empty());  // not an owner: nothing to trust
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay["Idempotent-Replay-Body"] == "current");
+  CHECK(replay[http::field::location] == "/orders/ord-1");
+  CHECK(replay[http::field::etag] == "\"v2\"");
+  CHECK(replay.body() == R"({"order_id":"ord-1","status":"shipped"})");
+  CHECK(f.metrics.refetches("fetched") == 1);
+  // The record is untouched: the next stored-mode replay still has the first body.
+  CHECK(f.row("k1")->response->body == first.body());
+}
+
+TEST_CASE("refetch: a client the backend refuses gets the refusal, nothing of the record") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  answer_with(f.upstream, 403, R"({"error":"forbidden"})");
+  auto refused = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer mallory"));
+  CHECK(refused.result_int() == 403);
+  CHECK(refused.body() == R"({"error":"forbidden"})");
+  CHECK(refused["Idempotent-Replayed"].empty());
+  CHECK(refused[http::field::location].empty());
+  CHECK(f.metrics.refetches("refused") == 1);
+}
+
+TEST_CASE("refetch: a failed fetch is a 502 problem with nothing of the record") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  SUBCASE("a 5xx") { answer_with(f.upstream, 500, R"({"order_id":"ord-1"})"); }
+  SUBCASE("no answer") { f.upstream.fail_next(upstream::Failure::timeout); }
+  SUBCASE("a redirect") { answer_with(f.upstream, 302, ""); }
+  auto failed = f.call(Fixture::order("k1", kBody));
+  CHECK(failed.result_int() == 502);
+  CHECK(problem_code(failed) == "replay_refetch_failed");
+  CHECK(failed.body().find("ord-1") == std::string::npos);
+  CHECK(failed[http::field::location].empty());
+  CHECK_FALSE(failed[http::field::retry_after].empty());
+  CHECK(f.metrics.refetches("failed") == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::replay_failed) == 1);
+}
+
+TEST_CASE("refetch: a record without a Location replays its stored bytes") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  answer_with(f.upstream, 422, R"({"error":"out of stock"})");
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 422);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.result_int() == 422);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+namespace {
+
+void use_reconcile(Fixture& f) {
+  f.route().on_unknown_outcome = settings::UnknownOutcome::reconcile;
+  f.route().reconcile.method = "GET";
+  f.route().reconcile.path = "/orders/by-operation/{operation_id}";
+}
+
+}  // namespace
+
+TEST_CASE("reconcile: a found operation is recorded and answered without a second create") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  auto timed_out = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(timed_out.result_int() == 504);
+  // The lookup answers what the create would have: 201 with the order.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int) -> asio::awaitable<upstream::Outcome> {
+    co_return ScriptedUpstream::created(1, req);
+  });
+  auto retry = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& ask = f.upstream.calls[1];
+  const auto op = idempotency::operation_id("t1", "POST /orders", "k1");
+  CHECK(ask.method() == http::verb::get);
+  CHECK(ask.target() == "/orders/by-operation/" + op);
+  CHECK(ask["X-Idempotency-Operation-Id"] == op);
+  CHECK(ask["X-Idempotency-Attempt"] == "2");
+  CHECK(ask[http::field::authorization] == "Bearer alice");
+  CHECK(ask.body().empty());
+  CHECK(retry.result_int() == 201);
+  CHECK(retry[http::field::location] == "/orders/ord-1");
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->attempt == 2);
+  CHECK(row->response->resource_id == "/orders/ord-1");
+  CHECK(f.metrics.reconciliations("found") == 1);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == retry.body());
+  CHECK(f.upstream.calls.size() == 2);  // one create, one lookup: nothing else
+}
+
+TEST_CASE("reconcile: not found, the request is forwarded again as the next attempt") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 504);
+  answer_with(f.upstream, 404, R"({"error":"no such operation"})");
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 3);
+  CHECK(f.upstream.calls[1].method() == http::verb::get);
+  CHECK(f.upstream.calls[2].method() == http::verb::post);
+  CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "2");
+  CHECK(f.upstream.calls[2].body() == kBody);
+  CHECK(f.metrics.reconciliations("not_found") == 1);
+  CHECK(f.row("k1")->state == store::State::completed);
+}
+
+TEST_CASE("reconcile: not known, nothing is forwarded and the next retry asks again") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 504);
+  SUBCASE("a 5xx") { answer_with(f.upstream, 503, "{}"); }
+  SUBCASE("no answer") { f.upstream.fail_next(upstream::Failure::connect_failed); }
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 503);
+  CHECK(problem_code(retry) == "reconcile_failed");
+  CHECK_FALSE(retry[http::field::retry_after].empty());
+  REQUIRE(f.upstream.calls.size() == 2);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::in_progress);
+  CHECK(row->lease_expired);
+  CHECK(f.metrics.reconciliations("failed") == 1);
+  // The next retry asks again, as attempt 3, and on "found" records.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int) -> asio::awaitable<upstream::Outcome> {
+    co_return ScriptedUpstream::created(1, req);
+  });
+  auto third = f.call(Fixture::order("k1", kBody));
+  CHECK(third.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 3);
+  CHECK(f.upstream.calls[2].method() == http::verb::get);
+  CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "3");
 }

@@ -13,7 +13,7 @@
 
 #include "idempotency/decision.hpp"
 
-using idem::idempotency::Action;
+using idem::idempotency::Decision;
 using idem::idempotency::decide;
 using idem::idempotency::RowView;
 using idem::idempotency::Situation;
@@ -28,32 +28,32 @@ namespace {
 // '1' true, '0' false, '-' either.
 struct Rule {
   const char* pattern;
-  Action action;
+  Decision action;
   const char* why;
 };
 
 constexpr std::array kRules = {
-    Rule{"0-------", Action::claim_again, "the row vanished: claim again"},
+    Rule{"0-------", Decision::claim_again, "the row vanished: claim again"},
     // Expired and finished (completed, or nobody holds a live lease): a new operation.
-    Rule{"11----1-", Action::replace_expired, "expired completed row"},
-    Rule{"10---11-", Action::replace_expired, "expired row whose lease also expired"},
+    Rule{"11----1-", Decision::replace_expired, "expired completed row"},
+    Rule{"10---11-", Decision::replace_expired, "expired row whose lease also expired"},
     // Not replaceable and a different request: the key was reused.
-    Rule{"1-0---0-", Action::reject_mismatch, "live row, other fingerprint"},
-    Rule{"100--01-", Action::reject_mismatch, "expired but still leased row, other fingerprint"},
+    Rule{"1-0---0-", Decision::reject_mismatch, "live row, other fingerprint"},
+    Rule{"100--01-", Decision::reject_mismatch, "expired but still leased row, other fingerprint"},
     // Same request but another principal.
-    Rule{"1-110-0-", Action::forbid, "live row, same fingerprint, other principal"},
-    Rule{"1011001-", Action::forbid, "expired-but-leased row, other principal"},
+    Rule{"1-110-0-", Decision::forbid, "live row, same fingerprint, other principal"},
+    Rule{"1011001-", Decision::forbid, "expired-but-leased row, other principal"},
     // Completed and allowed: replay (a completed row that is expired was replaced above).
-    Rule{"1110--0-", Action::replay, "completed, principals not checked"},
-    Rule{"11111-0-", Action::replay, "completed, same principal"},
+    Rule{"1110--0-", Decision::replay, "completed, principals not checked"},
+    Rule{"11111-0-", Decision::replay, "completed, same principal"},
     // In progress with a dead lease and allowed: take over (expired + dead lease = replace).
-    Rule{"1010-10-", Action::take_over, "dead lease, principals not checked"},
-    Rule{"1011110-", Action::take_over, "dead lease, same principal"},
+    Rule{"1010-10-", Decision::take_over, "dead lease, principals not checked"},
+    Rule{"1011110-", Decision::take_over, "dead lease, same principal"},
     // In progress with a live lease and allowed, expired or not: wait or say so.
-    Rule{"1010-0-1", Action::wait, "live lease, time left, principals not checked"},
-    Rule{"101110-1", Action::wait, "live lease, time left, same principal"},
-    Rule{"1010-0-0", Action::answer_in_progress, "live lease, no time left, principals not checked"},
-    Rule{"101110-0", Action::answer_in_progress, "live lease, no time left, same principal"},
+    Rule{"1010-0-1", Decision::wait, "live lease, time left, principals not checked"},
+    Rule{"101110-1", Decision::wait, "live lease, time left, same principal"},
+    Rule{"1010-0-0", Decision::answer_in_progress, "live lease, no time left, principals not checked"},
+    Rule{"101110-0", Decision::answer_in_progress, "live lease, no time left, same principal"},
 };
 
 bool matches(const char* pattern, unsigned bits) {
@@ -113,7 +113,7 @@ TEST_CASE("decide: every combination of inputs") {
     REQUIRE(expected != nullptr);
     RowView row;
     const Situation s = situation(bits, row);
-    const Action got = decide(s);
+    const Decision got = decide(s);
     INFO("PCFKQLEW=", describe(bits), " expected ", to_string(expected->action), " (", expected->why, ") got ",
          to_string(got));
     CHECK(got == expected->action);
@@ -129,30 +129,30 @@ TEST_CASE("decide: readable scenarios") {
   s.fingerprint = "f";
 
   SUBCASE("no row") {
-    CHECK(decide(s) == Action::claim_again);
+    CHECK(decide(s) == Decision::claim_again);
   }
   SUBCASE("completed: replay, even when the lease flag is stale") {
     row.completed = true;
     row.lease_expired = true;
     s.row = row;
-    CHECK(decide(s) == Action::replay);
+    CHECK(decide(s) == Decision::replay);
   }
   SUBCASE("expired completed row is a new operation, even with another fingerprint") {
     row.completed = true;
     row.expired = true;
     s.row = row;
     s.fingerprint = "g";
-    CHECK(decide(s) == Action::replace_expired);
+    CHECK(decide(s) == Decision::replace_expired);
   }
   SUBCASE("expired in-progress row with a live lease is still running") {
     row.expired = true;
     s.row = row;
     s.wait_budget_left = true;
-    CHECK(decide(s) == Action::wait);
+    CHECK(decide(s) == Decision::wait);
     s.wait_budget_left = false;
-    CHECK(decide(s) == Action::answer_in_progress);
+    CHECK(decide(s) == Decision::answer_in_progress);
     s.fingerprint = "g";
-    CHECK(decide(s) == Action::reject_mismatch);
+    CHECK(decide(s) == Decision::reject_mismatch);
   }
   SUBCASE("mismatch wins over principal") {
     row.completed = true;
@@ -161,7 +161,7 @@ TEST_CASE("decide: readable scenarios") {
     s.fingerprint = "g";
     s.check_principal = true;
     s.principal = "bob";
-    CHECK(decide(s) == Action::reject_mismatch);
+    CHECK(decide(s) == Decision::reject_mismatch);
   }
   SUBCASE("another principal may neither replay nor take over") {
     row.principal = "alice";
@@ -169,41 +169,41 @@ TEST_CASE("decide: readable scenarios") {
     s.principal = "bob";
     row.completed = true;
     s.row = row;
-    CHECK(decide(s) == Action::forbid);
+    CHECK(decide(s) == Decision::forbid);
     row.completed = false;
     row.lease_expired = true;
     s.row = row;
-    CHECK(decide(s) == Action::forbid);
+    CHECK(decide(s) == Decision::forbid);
   }
   SUBCASE("principals compared only when checked; empty is a value") {
     row.principal = "";
     row.completed = true;
     s.row = row;
     s.principal = "bob";
-    CHECK(decide(s) == Action::replay);
+    CHECK(decide(s) == Decision::replay);
     s.check_principal = true;
-    CHECK(decide(s) == Action::forbid);
+    CHECK(decide(s) == Decision::forbid);
     s.principal = "";
-    CHECK(decide(s) == Action::replay);
+    CHECK(decide(s) == Decision::replay);
   }
   SUBCASE("dead lease: take over") {
     row.lease_expired = true;
     s.row = row;
-    CHECK(decide(s) == Action::take_over);
+    CHECK(decide(s) == Decision::take_over);
   }
 }
 
 TEST_CASE("to_string names every action distinctly") {
-  const std::array all = {Action::claim_again, Action::replace_expired, Action::reject_mismatch,
-                          Action::forbid,      Action::replay,          Action::take_over,
-                          Action::wait,        Action::answer_in_progress};
+  const std::array all = {Decision::claim_again, Decision::replace_expired, Decision::reject_mismatch,
+                          Decision::forbid,      Decision::replay,          Decision::take_over,
+                          Decision::wait,        Decision::answer_in_progress};
   std::set<std::string_view> names;
-  for (const Action a : all) {
+  for (const Decision a : all) {
     CHECK_FALSE(to_string(a).empty());
     CHECK(to_string(a) != "unknown");
     names.insert(to_string(a));
   }
   CHECK(names.size() == all.size());
-  CHECK(to_string(Action::take_over) == "take_over");
-  CHECK(to_string(Action::answer_in_progress) == "answer_in_progress");
+  CHECK(to_string(Decision::take_over) == "take_over");
+  CHECK(to_string(Decision::answer_in_progress) == "answer_in_progress");
 }

@@ -85,18 +85,18 @@ void run_for(asio::io_context& ctx, Millis d) {
   ctx.run_for(d);
 }
 
-void notify(test::Sql& sql, const std::string& channel, const std::string& payload) {
+void notify(test::Db& sql, const std::string& channel, const std::string& payload) {
   sql.exec("SELECT pg_notify($1, $2)", {channel, payload});
 }
 
-std::optional<std::string> backend_pid(test::Sql& sql, const std::string& application_name) {
+std::optional<std::string> backend_pid(test::Db& sql, const std::string& application_name) {
   return sql.scalar("SELECT pid::text FROM pg_stat_activity WHERE application_name = $1",
                     {application_name});
 }
 
 // Polls the server (not the listener) until the session with that application_name is
 // gone: closing is the listener's side, the backend's exit is the server's.
-bool session_gone(test::Sql& sql, const std::string& application_name, Millis limit = 5000ms) {
+bool session_gone(test::Db& sql, const std::string& application_name, Millis limit = 5000ms) {
   const auto until = SteadyClock::now() + limit;
   while (SteadyClock::now() < until) {
     if (sql.scalar("SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
@@ -159,7 +159,7 @@ TEST_CASE("notifications on the channel are delivered once listening; other chan
   CHECK(rec.states == std::vector<bool>{true});
   CHECK(listener->listening());
 
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   notify(other, o.channel, "abc");
   REQUIRE(run_until(ctx, [&] { return rec.payloads.size() >= 1; }));
   CHECK(rec.payloads == std::vector<std::string>{"abc"});
@@ -189,7 +189,7 @@ TEST_CASE("a channel named like a reserved word still works") {
   auto listener = start(ctx, rec, o);
   REQUIRE(run_until(ctx, [&] { return listener->listening(); }));
   const std::string payload = unique("reserved");
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   notify(other, "select", payload);
   REQUIRE(run_until(ctx, [&] {
     return std::find(rec.payloads.begin(), rec.payloads.end(), payload) != rec.payloads.end();
@@ -206,7 +206,7 @@ TEST_CASE("a terminated session is noticed at once, replaced, and listens again"
   auto listener = start(ctx, rec, o);
   REQUIRE(run_until(ctx, [&] { return listener->listening(); }));
 
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   const auto pid = backend_pid(other, o.application_name);
   REQUIRE(pid);
   other.exec("SELECT pg_terminate_backend($1::int)", {*pid});
@@ -235,7 +235,7 @@ TEST_CASE("the ping keeps an idle session alive without flapping") {
   auto listener = start(ctx, rec, o);
   REQUIRE(run_until(ctx, [&] { return listener->listening(); }));
 
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   const auto pid = backend_pid(other, o.application_name);
   REQUIRE(pid);
   // Each ping moves the session's state_change: sampled between slices of running, the
@@ -274,7 +274,7 @@ TEST_CASE("a session that stops answering fails its ping and is replaced") {
   o.statement_timeout = 300ms;
   auto listener = start(ctx, rec, o);
   REQUIRE(run_until(ctx, [&] { return listener->listening(); }));
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   const auto pid_text = backend_pid(other, o.application_name);
   REQUIRE(pid_text);
   const pid_t pid = std::stoi(*pid_text);
@@ -303,7 +303,7 @@ TEST_CASE("a session that stops answering fails its ping and is replaced") {
 }
 
 TEST_CASE("stop() ends the session and the coroutine") {
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   auto ctx = std::make_unique<asio::io_context>();
   Recorder rec;
   auto o = options();
@@ -410,7 +410,7 @@ TEST_CASE("a callback that throws ends the listener visibly") {
       ctx.get_executor(), o, [](std::string_view) { throw std::runtime_error("boom"); },
       [&rec](bool l) { rec.states.push_back(l); });
   REQUIRE(run_until(ctx, [&] { return listener->listening(); }));
-  test::Sql other(test::database_url());
+  test::Db other(test::database_url());
   notify(other, o.channel, "x");
   REQUIRE(run_until(ctx, [&] { return rec.states.size() >= 2; }));
   CHECK(rec.states == std::vector<bool>{true, false});

@@ -252,7 +252,7 @@ TEST_CASE("lock_timeout bounds a lock wait as a store timeout") {
   opts.statement_timeout = 300ms;
   opts.deadline_margin = 1000ms;
   auto pool = pg::Pool::create(ctx.get_executor(), opts);
-  test::Sql holder(test::database_url());
+  test::Db holder(test::database_url());
   holder.exec("SELECT pg_advisory_lock(915001)");
 
   // Both timeouts are equal, so the statement's own (started first) normally wins...
@@ -353,7 +353,7 @@ TEST_CASE("a refused connection fails fast as unavailable") {
 TEST_CASE("host names are resolved without blocking; multi-host lists keep libpq's order") {
   asio::io_context ctx;
   const std::string port = std::to_string(
-      std::stoi(test::Sql(test::database_url()).scalar("SHOW port").value()));
+      std::stoi(test::Db(test::database_url()).scalar("SHOW port").value()));
   std::uint16_t closed_port = 0;
   {
     asio::ip::tcp::acceptor a(ctx, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
@@ -499,7 +499,7 @@ TEST_CASE("server outage: errors come quickly, then the same pool recovers") {
     std::thread loop([&] { ctx.run(); });
     // Wait (with a deadline) until the sleep is really running on the server.
     {
-      test::Sql probe(test::database_url());
+      test::Db probe(test::database_url());
       const auto until = SteadyClock::now() + 5s;
       while (SteadyClock::now() < until &&
              probe.scalar("SELECT count(*) FROM pg_stat_activity "
@@ -558,7 +558,7 @@ TEST_CASE("server outage: errors come quickly, then the same pool recovers") {
 }
 
 TEST_CASE("a pipeline runs its statements in one round trip, in order, as one transaction") {
-  test::Sql sql(test::database_url());
+  test::Db sql(test::database_url());
   sql.exec("CREATE TABLE IF NOT EXISTS idem_pipeline_test (x integer PRIMARY KEY)");
   sql.exec("TRUNCATE idem_pipeline_test");
 

@@ -1,7 +1,7 @@
 // The listener over real loopback sockets: a Server on its own io_context thread, driven
-// by a blocking raw client that can send exactly the bytes a test needs. Synchronization
-// is by events (the handler signals when a request arrived, a gate holds it), never by
-// sleeping; timeouts are short and only bounded from above.
+// by a raw connection (test_support/http.hpp) that sends exactly the bytes a test needs.
+// Synchronization is by events (the handler signals when a request arrived, a gate holds
+// it), never by sleeping; timeouts are short and only bounded from above.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -19,14 +19,15 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
-#include "server/raw_client.hpp"
+#include "test_support/http.hpp"
+#include "test_support/problem.hpp"
 #include "server/server.hpp"
 
 namespace idem::server {
 namespace {
 
 using namespace std::chrono_literals;
-using test::RawClient;
+using test::RawConnection;
 
 // A one-shot signal between the server thread and the test thread.
 class Event {
@@ -148,6 +149,12 @@ class Harness {
     Response res{http::status::ok, req.version()};
     res.set(http::field::content_type, "text/plain");
     res.body() = std::string(req.target()) + ":" + req.body();
+    if (req.target().starts_with("/fields")) {
+      // The header exactly as the handler received it, one "name: value" per line.
+      for (const auto& f : req) {
+        res.body() += "\n" + std::string(f.name_string()) + ": " + std::string(f.value());
+      }
+    }
     res.prepare_payload();
     co_return res;
   }
@@ -170,24 +177,16 @@ std::string post(std::string_view target, std::string_view body, std::string_vie
          std::to_string(body.size()) + "\r\n" + std::string(extra) + "\r\n" + std::string(body);
 }
 
-std::string code_of(const RawClient::Response& res) {
-  const auto& body = res.body();
-  const auto at = body.find("\"code\":\"");
-  if (at == std::string::npos) return {};
-  const auto start = at + 8;
-  return body.substr(start, body.find('"', start) - start);
-}
-
 // Sends raw bytes, expects a problem response with `status` and `code`, then a close.
 void expect_refusal(Harness& h, std::string_view bytes, http::status status, std::string_view code) {
-  RawClient c(h.port());
-  REQUIRE(c.send(bytes));
-  const auto res = c.read_response();
+  RawConnection c(h.port());
+  REQUIRE(c.try_send(bytes));
+  const auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == status);
-  CHECK(code_of(*res) == code);
-  CHECK((*res)[http::field::content_type] == "application/problem+json");
-  CHECK_FALSE(res->keep_alive());
+  CHECK(test::problem_code(*res) == code);
+  CHECK(res->header("Content-Type").value_or("") == "application/problem+json");
+  CHECK_FALSE(res->keep_alive);
   CHECK(c.closed_by_peer());
 }
 
@@ -195,15 +194,15 @@ void expect_refusal(Harness& h, std::string_view bytes, http::status status, std
 
 TEST_CASE("server: keep-alive serves many requests on one connection") {
   Harness h;
-  RawClient c(h.port());
+  RawConnection c(h.port());
   for (int i = 0; i < 100; ++i) {
     const std::string body = "n=" + std::to_string(i);
-    REQUIRE(c.send(post("/orders", body)));
-    const auto res = c.read_response();
+    REQUIRE(c.try_send(post("/orders", body)));
+    const auto res = c.next_response();
     REQUIRE(res);
     CHECK(res->result() == http::status::ok);
-    CHECK(res->body() == "/orders:" + body);
-    CHECK(res->keep_alive());
+    CHECK(res->body == "/orders:" + body);
+    CHECK(res->keep_alive);
   }
   CHECK(h.calls == 100);
   CHECK(h.connection_ids().size() == 1);
@@ -270,10 +269,10 @@ TEST_CASE("server: a Content-Length over the limit answers 413 without reading t
                  http::status::payload_too_large, "request_too_large");
 
   // With Expect: 100-continue the refusal replaces the go-ahead.
-  RawClient c(h.port());
-  REQUIRE(c.send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n"
+  RawConnection c(h.port());
+  REQUIRE(c.try_send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 10000000\r\n"
                  "Expect: 100-continue\r\n\r\n"));
-  const auto res = c.read_response();
+  const auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::payload_too_large);
   CHECK(c.closed_by_peer());
@@ -286,13 +285,13 @@ TEST_CASE("server: chunked bodies are decoded, and refused with 413 past the lim
   limits.max_request_body = 1000;
   Harness h(limits);
   {
-    RawClient c(h.port());
-    REQUIRE(c.send("POST /orders HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
+    RawConnection c(h.port());
+    REQUIRE(c.try_send("POST /orders HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"
                    "5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"));
-    const auto res = c.read_response();
+    const auto res = c.next_response();
     REQUIRE(res);
     CHECK(res->result() == http::status::ok);
-    CHECK(res->body() == "/orders:hello world");
+    CHECK(res->body == "/orders:hello world");
   }
   const std::string chunk(600, 'x');
   expect_refusal(h,
@@ -304,30 +303,30 @@ TEST_CASE("server: chunked bodies are decoded, and refused with 413 past the lim
 
 TEST_CASE("server: Expect: 100-continue gets an interim response before the body") {
   Harness h;
-  RawClient c(h.port());
+  RawConnection c(h.port());
   const std::string body(2000, 'b');
-  REQUIRE(c.send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n"
+  REQUIRE(c.try_send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 2000\r\n"
                  "Expect: 100-continue\r\n\r\n"));
-  const auto interim = c.read_response();
+  const auto interim = c.next_response();
   REQUIRE(interim);
   CHECK(interim->result() == http::status::continue_);
   CHECK(h.calls == 0);
-  REQUIRE(c.send(body));
-  const auto res = c.read_response();
+  REQUIRE(c.try_send(body));
+  const auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::ok);
-  CHECK(res->body() == "/orders:" + body);
+  CHECK(res->body == "/orders:" + body);
 }
 
 TEST_CASE("server: a header that never completes is answered 408 and closed (slowloris)") {
   Harness h;
-  RawClient c(h.port());
+  RawConnection c(h.port());
   const auto start = std::chrono::steady_clock::now();
-  REQUIRE(c.send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-"));
-  const auto res = c.read_response();
+  REQUIRE(c.try_send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-"));
+  const auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::request_timeout);
-  CHECK(code_of(*res) == "request_timeout");
+  CHECK(test::problem_code(*res) == "request_timeout");
   CHECK(c.closed_by_peer());
   CHECK(std::chrono::steady_clock::now() - start < 3s);
   CHECK(h.calls == 0);
@@ -335,9 +334,9 @@ TEST_CASE("server: a header that never completes is answered 408 and closed (slo
 
 TEST_CASE("server: a body that stops arriving is answered 408") {
   Harness h;
-  RawClient c(h.port());
-  REQUIRE(c.send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly-part"));
-  const auto res = c.read_response();
+  RawConnection c(h.port());
+  REQUIRE(c.try_send("POST /orders HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n\r\nonly-part"));
+  const auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::request_timeout);
   CHECK(c.closed_by_peer());
@@ -347,15 +346,15 @@ TEST_CASE("server: a body that stops arriving is answered 408") {
 TEST_CASE("server: idle connections are closed silently after the idle timeout") {
   Harness h;
   {
-    RawClient c(h.port());
-    REQUIRE(c.send(get("/a")));
-    REQUIRE(c.read_response());
+    RawConnection c(h.port());
+    REQUIRE(c.try_send(get("/a")));
+    REQUIRE(c.next_response());
     const auto start = std::chrono::steady_clock::now();
     CHECK(c.closed_by_peer());  // no 408: no request had started
     CHECK(std::chrono::steady_clock::now() - start < 3s);
   }
   {
-    RawClient never_speaks(h.port());
+    RawConnection never_speaks(h.port());
     CHECK(never_speaks.closed_by_peer());
   }
   CHECK(eventually([&] { return h.server->active_connections() == 0; }));
@@ -364,62 +363,62 @@ TEST_CASE("server: idle connections are closed silently after the idle timeout")
 
 TEST_CASE("server: pipelined requests are answered in order") {
   Harness h;
-  RawClient c(h.port());
-  REQUIRE(c.send(post("/one", "1") + get("/two") + post("/three", "333")));
-  const auto r1 = c.read_response();
-  const auto r2 = c.read_response();
-  const auto r3 = c.read_response();
+  RawConnection c(h.port());
+  REQUIRE(c.try_send(post("/one", "1") + get("/two") + post("/three", "333")));
+  const auto r1 = c.next_response();
+  const auto r2 = c.next_response();
+  const auto r3 = c.next_response();
   REQUIRE((r1 && r2 && r3));
-  CHECK(r1->body() == "/one:1");
-  CHECK(r2->body() == "/two:");
-  CHECK(r3->body() == "/three:333");
+  CHECK(r1->body == "/one:1");
+  CHECK(r2->body == "/two:");
+  CHECK(r3->body == "/three:333");
   CHECK(h.calls == 3);
 }
 
 TEST_CASE("server: HTTP/1.0 closes unless it asks for keep-alive; HEAD gets no body") {
   Harness h;
   {
-    RawClient c(h.port());
-    REQUIRE(c.send("GET /old HTTP/1.0\r\n\r\n"));
-    const auto res = c.read_response();
+    RawConnection c(h.port());
+    REQUIRE(c.try_send("GET /old HTTP/1.0\r\n\r\n"));
+    const auto res = c.next_response();
     REQUIRE(res);
-    CHECK(res->version() == 10);
-    CHECK(res->body() == "/old:");
+    CHECK(res->version == 10);
+    CHECK(res->body == "/old:");
     CHECK(c.closed_by_peer());
   }
   {
-    RawClient c(h.port());
-    REQUIRE(c.send("GET /ka HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
-    auto res = c.read_response();
+    RawConnection c(h.port());
+    REQUIRE(c.try_send("GET /ka HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+    auto res = c.next_response();
     REQUIRE(res);
-    CHECK(res->keep_alive());
-    REQUIRE(c.send("HEAD /head HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
-    res = c.read_response(/*head_request=*/true);
+    CHECK(res->keep_alive);
+    REQUIRE(c.try_send("HEAD /head HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+    res = c.next_response(5s, /*head_request=*/true);
     REQUIRE(res);
-    CHECK(res->body().empty());
-    CHECK((*res)[http::field::content_length] == "6");  // what the GET body would be
-    REQUIRE(c.send("GET /after HTTP/1.0\r\n\r\n"));      // still in sync after HEAD
-    res = c.read_response();
+    CHECK(res->body.empty());
+    CHECK(res->header("Content-Length") == "6");  // what the GET body would be
+    REQUIRE(c.try_send("GET /after HTTP/1.0\r\n\r\n"));      // still in sync after HEAD
+    res = c.next_response();
     REQUIRE(res);
-    CHECK(res->body() == "/after:");
+    CHECK(res->body == "/after:");
   }
 }
 
 TEST_CASE("server: a handler exception answers 500 and the server keeps serving") {
   Harness h;
-  RawClient c(h.port());
-  REQUIRE(c.send(get("/throw")));
-  auto res = c.read_response();
+  RawConnection c(h.port());
+  REQUIRE(c.try_send(get("/throw")));
+  auto res = c.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::internal_server_error);
-  CHECK(code_of(*res) == "internal_error");
-  REQUIRE(c.send(get("/fine")));  // same connection
-  res = c.read_response();
+  CHECK(test::problem_code(*res) == "internal_error");
+  REQUIRE(c.try_send(get("/fine")));  // same connection
+  res = c.next_response();
   REQUIRE(res);
-  CHECK(res->body() == "/fine:");
-  RawClient other(h.port());  // and new connections
-  REQUIRE(other.send(get("/other")));
-  REQUIRE(other.read_response());
+  CHECK(res->body == "/fine:");
+  RawConnection other(h.port());  // and new connections
+  REQUIRE(other.try_send(get("/other")));
+  REQUIRE(other.next_response());
   CHECK(h.calls == 3);
   CHECK(h.rejects() == std::vector<std::string>{"500 internal_error"});
 }
@@ -429,46 +428,45 @@ TEST_CASE("server: connections over max_connections get 503 and are closed") {
   limits.max_connections = 2;
   limits.idle_timeout = 10s;  // the two admitted connections must stay open
   Harness h(limits);
-  RawClient a(h.port()), b(h.port());
-  for (RawClient* c : {&a, &b}) {
-    REQUIRE(c->send(get("/x")));
-    REQUIRE(c->read_response());
+  RawConnection a(h.port()), b(h.port());
+  for (RawConnection* c : {&a, &b}) {
+    REQUIRE(c->try_send(get("/x")));
+    REQUIRE(c->next_response());
   }
   CHECK(h.gauge->open == 2);
 
-  RawClient refused(h.port());
-  const auto res = refused.read_response();
+  RawConnection refused(h.port());
+  const auto res = refused.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::service_unavailable);
-  CHECK(code_of(*res) == "too_many_connections");
+  CHECK(test::problem_code(*res) == "too_many_connections");
   CHECK(refused.closed_by_peer());
   CHECK(h.rejects() == std::vector<std::string>{"503 too_many_connections"});
 
   a.close();
   REQUIRE(eventually([&] { return h.gauge->open == 1; }));
-  RawClient admitted(h.port());
-  REQUIRE(admitted.send(get("/y")));
-  const auto ok = admitted.read_response();
+  RawConnection admitted(h.port());
+  REQUIRE(admitted.try_send(get("/y")));
+  const auto ok = admitted.next_response();
   REQUIRE(ok);
   CHECK(ok->result() == http::status::ok);
 }
 
 TEST_CASE("server: stop_accepting refuses new connects while an in-flight request completes") {
   Harness h;
-  RawClient busy(h.port());
-  REQUIRE(busy.send(get("/block")));
+  RawConnection busy(h.port());
+  REQUIRE(busy.try_send(get("/block")));
   REQUIRE(h.arrived.wait());
 
   h.on_loop([&] { h.server->stop_accepting(); });
-  RawClient late;
-  CHECK(late.connect(h.port()) == ECONNREFUSED);
+  CHECK(test::connect_errno(h.port()) == ECONNREFUSED);
 
   h.release_gate();
-  const auto res = busy.read_response();
+  const auto res = busy.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::ok);
-  CHECK(res->body() == "/block:");
-  CHECK_FALSE(res->keep_alive());  // draining: the last response says so
+  CHECK(res->body == "/block:");
+  CHECK_FALSE(res->keep_alive);  // draining: the last response says so
   CHECK(busy.closed_by_peer());
   CHECK(eventually([&] { return h.gauge->open == 0; }));
 }
@@ -477,21 +475,21 @@ TEST_CASE("server: close_idle closes idle connections now and busy ones after th
   auto limits = test_limits();
   limits.idle_timeout = 10s;
   Harness h(limits);
-  RawClient idle(h.port());
-  REQUIRE(idle.send(get("/warm")));
-  REQUIRE(idle.read_response());
-  RawClient busy(h.port());
-  REQUIRE(busy.send(get("/block")));
+  RawConnection idle(h.port());
+  REQUIRE(idle.try_send(get("/warm")));
+  REQUIRE(idle.next_response());
+  RawConnection busy(h.port());
+  REQUIRE(busy.try_send(get("/block")));
   REQUIRE(h.arrived.wait());
 
   h.on_loop([&] { h.server->close_idle(); });
   CHECK(idle.closed_by_peer());
 
   h.release_gate();
-  const auto res = busy.read_response();
+  const auto res = busy.next_response();
   REQUIRE(res);
   CHECK(res->result() == http::status::ok);
-  CHECK_FALSE(res->keep_alive());
+  CHECK_FALSE(res->keep_alive);
   CHECK(busy.closed_by_peer());
 }
 
@@ -499,12 +497,102 @@ TEST_CASE("server: several servers share a port with SO_REUSEPORT") {
   Harness first;
   Harness second(test_limits(), first.port());
   CHECK(second.port() == first.port());
-  RawClient c(first.port());
-  REQUIRE(c.send(get("/shared")));
-  const auto res = c.read_response();
+  RawConnection c(first.port());
+  REQUIRE(c.try_send(get("/shared")));
+  const auto res = c.next_response();
   REQUIRE(res);
-  CHECK(res->body() == "/shared:");
+  CHECK(res->body == "/shared:");
   CHECK(first.calls + second.calls == 1);
+}
+
+}  // namespace idem::server
+
+namespace idem::server {
+
+TEST_CASE("server: trailer fields never reach the handler as header fields") {
+  Harness h;
+  RawConnection c(h.port());
+  REQUIRE(c.try_send("POST /fields HTTP/1.1\r\nHost: t\r\nX-Tenant-Id: me\r\n"
+                 "Transfer-Encoding: chunked\r\n\r\n"
+                 "5\r\nhello\r\n0\r\nX-Tenant-Id: victim\r\nHost: evil\r\nX-User-Id: admin\r\n\r\n"));
+  const auto res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+  CHECK(res->body ==
+        "/fields:hello\nHost: t\nX-Tenant-Id: me\nTransfer-Encoding: chunked");
+  CHECK(res->keep_alive);
+}
+
+TEST_CASE("server: a chunk extension or a trailer that never ends is refused at the budget") {
+  // Bounded by max_header_bytes (16 KiB here), long before the 200 ms body timeout, which
+  // would answer 408: the buffer does not grow with what the client sends.
+  Harness h;
+  const std::string head = "POST /orders HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
+  expect_refusal(h, head + "1;" + std::string(40 * 1024, 'e'), http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, head + "1\r\nx\r\n0\r\nX-Long: " + std::string(40 * 1024, 't'),
+                 http::status::request_header_fields_too_large, "headers_too_large");
+  // Many complete extensions, each short, that add up past the budget.
+  std::string many = head;
+  for (int i = 0; i < 40; ++i) many += "1;" + std::string(500, 'e') + "\r\nx\r\n";
+  expect_refusal(h, many + "0\r\n\r\n", http::status::bad_request, "bad_request");
+  // Many complete trailer fields that add up past it.
+  std::string fields = head + "1\r\nx\r\n0\r\n";
+  for (int i = 0; i < 40; ++i) fields += "X-T" + std::to_string(i) + ": " + std::string(500, 't') + "\r\n";
+  expect_refusal(h, fields + "\r\n", http::status::request_header_fields_too_large,
+                 "headers_too_large");
+  CHECK(h.calls == 0);
+  CHECK(h.rejects() == std::vector<std::string>{"400 bad_request", "431 headers_too_large",
+                                                "400 bad_request", "431 headers_too_large"});
+}
+
+TEST_CASE("server: HTTP/1.1 without exactly one valid Host answers 400 and closes") {
+  Harness h;
+  expect_refusal(h, "GET / HTTP/1.1\r\n\r\n", http::status::bad_request, "bad_request");
+  expect_refusal(h, "GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, "GET / HTTP/1.1\r\nHost: a b\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  expect_refusal(h, "GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", http::status::bad_request,
+                 "bad_request");
+  CHECK(h.calls == 0);
+  RawConnection c(h.port());
+  REQUIRE(c.try_send("GET /old HTTP/1.0\r\n\r\n"));  // HTTP/1.0 may omit it
+  const auto res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+}
+
+TEST_CASE("server: the handler sees the normalized target; absolute-form sets Host") {
+  Harness h;
+  RawConnection c(h.port());
+  REQUIRE(c.try_send("GET http://Backend.example:81/x/../%6Frders?a=%6f HTTP/1.1\r\nHost: other\r\n\r\n"));
+  auto res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->body == "/orders?a=o:");
+  REQUIRE(c.try_send(get("/fields/./x")));
+  res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->body == "/fields/x:\nHost: t");
+  REQUIRE(c.try_send("GET http://h.example/fields HTTP/1.1\r\nHost: other\r\n\r\n"));
+  res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->body == "/fields:\nHost: h.example");
+  expect_refusal(h, get("/orders#frag"), http::status::bad_request, "bad_request");
+  expect_refusal(h, get("/%zz"), http::status::bad_request, "bad_request");
+  expect_refusal(h, "CONNECT h.example:443 HTTP/1.1\r\nHost: h.example:443\r\n\r\n",
+                 http::status::bad_request, "bad_request");
+}
+
+TEST_CASE("server: Connection: close in a second Connection field closes the connection") {
+  Harness h;
+  RawConnection c(h.port());
+  REQUIRE(c.try_send(get("/x", "Connection: keep-alive\r\nConnection: close\r\n")));
+  const auto res = c.next_response();
+  REQUIRE(res);
+  CHECK(res->result() == http::status::ok);
+  CHECK_FALSE(res->keep_alive);
+  CHECK(c.closed_by_peer());
 }
 
 }  // namespace idem::server

@@ -233,7 +233,10 @@ TEST_CASE("store and replay settings") {
   CHECK_CONFIG_ERROR(kRoute + "    store:\n      except: [600]\n", 10, "routes[0].store.except[0]",
                      "between 100 and 599");
   CHECK_CONFIG_ERROR(kRoute + "    replay_headers: [ETag, Content-Length]\n", 9, "routes[0].replay_headers[1]",
-                     "set by the proxy for each response");
+                     "frames one response or is one of idemproxy's own fields");
+  CHECK_CONFIG_ERROR(kRoute + "    replay_headers: [X-Idempotency-Directive]\n", 9,
+                     "routes[0].replay_headers[0]", "cannot be replayed");
+  CHECK_CONFIG_ERROR(kRoute + "    completion: both\n", 9, "routes[0].completion", "sidecar");
   CHECK_CONFIG_ERROR(kRoute + "    replay_headers: [ETag, etag]\n", 9, "routes[0].replay_headers[1]",
                      "listed twice");
   CHECK_CONFIG_ERROR(kRoute + "    replay_headers: [\"Bad:Name\"]\n", 9, "routes[0].replay_headers[0]",

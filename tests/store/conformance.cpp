@@ -62,6 +62,25 @@ StoredResponse sample_response() {
 
 constexpr std::int64_t us(Millis d) { return d.count() * 1000; }
 
+// Claims and returns the winner's ownership (fencing tokens come from a sequence shared by
+// every key, so a test never knows a token's value in advance, only how tokens compare).
+// The fencing token of the claim that holds the record now.
+template <class H>
+std::int64_t fence_of(H& h, const RecordId& id) {
+  auto r = h.run(h.store().read(id));
+  REQUIRE(r.has_value());
+  REQUIRE(r->has_value());
+  return (*r)->fence;
+}
+
+template <class H>
+store::Ownership claim_won(H& h, const ClaimRequest& req) {
+  auto r = h.run(h.store().claim(req));
+  REQUIRE(r.has_value());
+  REQUIRE(r->won);
+  return r->owner;
+}
+
 template <class H>
 constexpr bool is_pg = std::is_same_v<H, test::PgHarness>;
 
@@ -92,7 +111,8 @@ TEST_CASE_TEMPLATE("claim: the first wins with attempt 1, later claims lose", H,
   auto first = h.run(s.claim(req));
   REQUIRE(first.has_value());
   CHECK(first->won);
-  CHECK(first->attempt == 1);
+  CHECK(first->owner.attempt == 1);
+  CHECK(first->owner.fence > 0);
   const std::string before = h.snapshot(req.id);
 
   auto other = claim_req(rid(), "fp-other", 99s, 2h, "someone");
@@ -111,7 +131,7 @@ TEST_CASE_TEMPLATE("read: a claimed row as the loser sees it", H, STORES) {
   CHECK_FALSE(none->has_value());
 
   const auto req = claim_req(rid(), "fp-1", 30s, 1h, "principal-hash");
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto owner = claim_won(h, req);
   auto r = h.run(s.read(req.id));
   REQUIRE(r.has_value());
   REQUIRE(r->has_value());
@@ -120,6 +140,7 @@ TEST_CASE_TEMPLATE("read: a claimed row as the loser sees it", H, STORES) {
   CHECK(rec.principal == "principal-hash");
   CHECK(rec.state == State::in_progress);
   CHECK(rec.attempt == 1);
+  CHECK(rec.fence == owner.fence);
   CHECK_FALSE(rec.lease_expired);
   CHECK_FALSE(rec.expired);
   CHECK(rec.lease_remaining > 29s);
@@ -135,11 +156,11 @@ TEST_CASE_TEMPLATE("complete then read: the stored response round-trips exactly"
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid());
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto owner = claim_won(h, req);
   const StoredResponse resp = sample_response();
-  auto done = h.run(s.complete(req.id, 1, resp, 2h));
+  auto done = h.run(s.complete(req.id, owner.fence, resp, 2h));
   REQUIRE(done.has_value());
-  CHECK(*done);
+  CHECK(*done == store::Completion::recorded);
 
   auto r = h.run(s.read(req.id));
   REQUIRE(r.has_value());
@@ -147,6 +168,7 @@ TEST_CASE_TEMPLATE("complete then read: the stored response round-trips exactly"
   const store::Record& rec = **r;
   CHECK(rec.state == State::completed);
   CHECK(rec.attempt == 1);
+  CHECK(rec.fence == owner.fence);  // the completed record names the claim that completed it
   CHECK_FALSE(rec.lease_expired);
   CHECK_FALSE(rec.expired);
   CHECK(rec.lease_remaining == 0ms);
@@ -172,13 +194,16 @@ TEST_CASE_TEMPLATE("complete: an omitted body, no headers and no resource id", H
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid());
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto owner = claim_won(h, req);
   StoredResponse resp;
   resp.status = 200;
   resp.body_omitted = true;
-  auto done = h.run(s.complete(req.id, 1, resp, 1h));
+  auto done = h.run(s.complete(req.id, owner.fence, resp, 1h));
   REQUIRE(done.has_value());
-  CHECK(*done);
+  CHECK(*done == store::Completion::recorded);
+  // Retried with the same answer (an omitted body compares as stored): already recorded.
+  CHECK(h.run(s.complete(req.id, owner.fence, resp, 1h)).value() ==
+        store::Completion::already_recorded);
   auto r = h.run(s.read(req.id));
   REQUIRE(r.has_value());
   REQUIRE(r->has_value());
@@ -195,29 +220,32 @@ TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES)
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid());
-  REQUIRE(h.run(s.claim(req)).has_value());
-  auto expired = h.run(s.expire_lease(req.id, 1));
+  const auto first = claim_won(h, req);
+  auto expired = h.run(s.expire_lease(req.id, first.fence));
   REQUIRE(expired.has_value());
   REQUIRE(*expired);
-  auto taken = h.run(s.take_over(req.id, 1, 30s));
+  auto taken = h.run(s.take_over(req.id, first.fence, 30s));
   REQUIRE(taken.has_value());
-  REQUIRE(*taken == std::optional<std::int64_t>(2));
+  REQUIRE(taken->has_value());
+  const auto second = **taken;
+  CHECK(second.attempt == 2);
+  CHECK(second.fence > first.fence);
   const std::string owned_by_2 = h.snapshot(req.id);
 
-  // The first owner (attempt 1) comes back late: every write is fenced.
-  auto c = h.run(s.complete(req.id, 1, sample_response(), 1h));
-  auto rel = h.run(s.release(req.id, 1));
-  auto ren = h.run(s.renew(req.id, 1, 30s));
-  auto exp = h.run(s.expire_lease(req.id, 1));
-  auto tk = h.run(s.take_over(req.id, 1, 30s));
-  auto rep = h.run(s.replace_expired(claim_req(rid(), "fp-x"), 1));
+  // The first owner comes back late: every write is fenced.
+  auto c = h.run(s.complete(req.id, first.fence, sample_response(), 1h));
+  auto rel = h.run(s.release(req.id, first.fence));
+  auto ren = h.run(s.renew(req.id, first.fence, 30s));
+  auto exp = h.run(s.expire_lease(req.id, first.fence));
+  auto tk = h.run(s.take_over(req.id, first.fence, 30s));
+  auto rep = h.run(s.replace_expired(claim_req(rid(), "fp-x"), first.fence));
   REQUIRE(c.has_value());
   REQUIRE(rel.has_value());
   REQUIRE(ren.has_value());
   REQUIRE(exp.has_value());
   REQUIRE(tk.has_value());
   REQUIRE(rep.has_value());
-  CHECK_FALSE(*c);
+  CHECK(*c == store::Completion::fenced);
   CHECK_FALSE(*rel);
   CHECK_FALSE(*ren);
   CHECK_FALSE(*exp);
@@ -226,38 +254,112 @@ TEST_CASE_TEMPLATE("fenced writes with a stale token change nothing", H, STORES)
   CHECK(h.snapshot(req.id) == owned_by_2);  // every column unchanged
 
   // Once completed, even the right token cannot write again.
-  auto c2 = h.run(s.complete(req.id, 2, sample_response(), 1h));
+  auto c2 = h.run(s.complete(req.id, second.fence, sample_response(), 1h));
   REQUIRE(c2.has_value());
-  REQUIRE(*c2);
+  REQUIRE(*c2 == store::Completion::recorded);
   const std::string completed = h.snapshot(req.id);
   StoredResponse other;
   other.status = 500;
-  CHECK_FALSE(h.run(s.complete(req.id, 2, other, 1h)).value());
-  CHECK_FALSE(h.run(s.release(req.id, 2)).value());
-  CHECK_FALSE(h.run(s.renew(req.id, 2, 30s)).value());
-  CHECK_FALSE(h.run(s.expire_lease(req.id, 2)).value());
-  CHECK_FALSE(h.run(s.take_over(req.id, 2, 30s)).value().has_value());
+  CHECK(h.run(s.complete(req.id, second.fence, other, 1h)).value() == store::Completion::fenced);
+  // The same fence with the same answer: a retry of a completion that had committed. It is
+  // told apart from a fence, and writes nothing either.
+  CHECK(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value() ==
+        store::Completion::already_recorded);
+  // A different header, a different body byte: not this completion's answer.
+  auto almost = sample_response();
+  almost.headers.back().value += "!";
+  CHECK(h.run(s.complete(req.id, second.fence, almost, 1h)).value() == store::Completion::fenced);
+  almost = sample_response();
+  almost.body.back() = 'x';
+  CHECK(h.run(s.complete(req.id, second.fence, almost, 1h)).value() == store::Completion::fenced);
+  // An earlier claim's fence with this claim's answer is still fenced.
+  CHECK(h.run(s.complete(req.id, first.fence, sample_response(), 1h)).value() ==
+        store::Completion::fenced);
+  CHECK_FALSE(h.run(s.release(req.id, second.fence)).value());
+  CHECK_FALSE(h.run(s.renew(req.id, second.fence, 30s)).value());
+  CHECK_FALSE(h.run(s.expire_lease(req.id, second.fence)).value());
+  CHECK_FALSE(h.run(s.take_over(req.id, second.fence, 30s)).value().has_value());
   CHECK(h.snapshot(req.id) == completed);
 
   // And on a row that does not exist, nothing happens either.
   const auto ghost = rid("ghost");
-  CHECK_FALSE(h.run(s.complete(ghost, 1, other, 1h)).value());
-  CHECK_FALSE(h.run(s.release(ghost, 1)).value());
-  CHECK_FALSE(h.run(s.renew(ghost, 1, 30s)).value());
-  CHECK_FALSE(h.run(s.expire_lease(ghost, 1)).value());
-  CHECK_FALSE(h.run(s.take_over(ghost, 1, 30s)).value().has_value());
+  CHECK(h.run(s.complete(ghost, first.fence, other, 1h)).value() == store::Completion::fenced);
+  CHECK_FALSE(h.run(s.release(ghost, first.fence)).value());
+  CHECK_FALSE(h.run(s.renew(ghost, first.fence, 30s)).value());
+  CHECK_FALSE(h.run(s.expire_lease(ghost, first.fence)).value());
+  CHECK_FALSE(h.run(s.take_over(ghost, first.fence, 30s)).value().has_value());
   CHECK(h.row_count() == 1);
+}
+
+// The defect of per-row tokens: a release deletes the row, the next claim of the key
+// starts again at attempt 1, and an owner of the released claim would match it. The
+// fencing token is new for every claim, however the earlier one ended.
+TEST_CASE_TEMPLATE("fencing: a claim after a release, purge or cleanup never shares a token", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid(), "fp-1", 30s, 1h);
+  const auto released = claim_won(h, req);
+  REQUIRE(h.run(s.release(req.id, released.fence)).value());
+
+  const auto second = claim_won(h, req);
+  CHECK(second.attempt == 1);  // what backends see starts over for the new claim ...
+  CHECK(second.fence != released.fence);  // ... but the fence does not
+  CHECK(second.fence > released.fence);
+  const std::string owned_by_second = h.snapshot(req.id);
+
+  // The owner of the released claim resumes: none of its writes reaches the new claim.
+  CHECK(h.run(s.complete(req.id, released.fence, sample_response(), 1h)).value() == store::Completion::fenced);
+  CHECK_FALSE(h.run(s.release(req.id, released.fence)).value());
+  CHECK_FALSE(h.run(s.renew(req.id, released.fence, 30s)).value());
+  CHECK_FALSE(h.run(s.expire_lease(req.id, released.fence)).value());
+  CHECK(h.snapshot(req.id) == owned_by_second);
+
+  // A takeover of the new claim must not be won on the strength of a read of the old one:
+  // the CAS names the fence the reader saw.
+  REQUIRE(h.run(s.expire_lease(req.id, second.fence)).value());
+  CHECK_FALSE(h.run(s.take_over(req.id, released.fence, 30s)).value().has_value());
+
+  // Purged, then claimed again: a new token again.
+  REQUIRE(h.run(s.purge(req.id)).value());
+  const auto after_purge = claim_won(h, req);
+  CHECK(after_purge.attempt == 1);
+  CHECK(after_purge.fence > second.fence);
+  CHECK(h.run(s.complete(req.id, second.fence, sample_response(), 1h)).value() == store::Completion::fenced);
+
+  // Completed, expired, deleted by retention, claimed again: a new token again.
+  REQUIRE(h.run(s.complete(req.id, after_purge.fence, sample_response(), 1h)).value() == store::Completion::recorded);
+  h.advance(2h);
+  REQUIRE(h.run(s.delete_expired(10)).value() == 1);
+  const auto after_cleanup = claim_won(h, req);
+  CHECK(after_cleanup.fence > after_purge.fence);
+  CHECK_FALSE(h.run(s.release(req.id, after_purge.fence)).value());
+  CHECK(h.run(s.read(req.id)).value()->fence == after_cleanup.fence);
+}
+
+TEST_CASE_TEMPLATE("fencing: a lost claim owns nothing; a later claim gets a new token", H, STORES) {
+  H h;
+  auto& s = h.store();
+  const auto req = claim_req(rid());
+  const auto owner = claim_won(h, req);
+  auto lost = h.run(s.claim(req));
+  REQUIRE(lost.has_value());
+  CHECK_FALSE(lost->won);
+  CHECK(lost->owner == store::Ownership{});  // a loser owns nothing
+  REQUIRE(h.run(s.release(req.id, owner.fence)).value());
+  const auto next = claim_won(h, req);
+  CHECK(next.fence > owner.fence);
 }
 
 TEST_CASE_TEMPLATE("take_over: only an expired lease, only with the token seen", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 10s);
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto first = claim_won(h, req);
 
-  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());  // lease live
+  CHECK_FALSE(h.run(s.take_over(req.id, first.fence, 30s)).value().has_value());  // lease live
   h.advance(9s);
-  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());  // still live
+  CHECK_FALSE(h.run(s.take_over(req.id, first.fence, 30s)).value().has_value());  // still live
   h.advance(2s);
   auto rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
@@ -265,16 +367,20 @@ TEST_CASE_TEMPLATE("take_over: only an expired lease, only with the token seen",
   CHECK(rec->lease_remaining == 0ms);
   const auto created = rec->created_at_us;
 
-  CHECK_FALSE(h.run(s.take_over(req.id, 2, 20s)).value().has_value());  // wrong token
-  auto won = h.run(s.take_over(req.id, 1, 20s));
+  CHECK_FALSE(h.run(s.take_over(req.id, first.fence + 1, 20s)).value().has_value());  // wrong
+  auto won = h.run(s.take_over(req.id, first.fence, 20s));
   REQUIRE(won.has_value());
-  CHECK(*won == std::optional<std::int64_t>(2));
-  CHECK_FALSE(h.run(s.take_over(req.id, 1, 20s)).value().has_value());  // CAS already spent
-  CHECK_FALSE(h.run(s.take_over(req.id, 2, 20s)).value().has_value());  // new lease is live
+  REQUIRE(won->has_value());
+  const auto second = **won;
+  CHECK(second.attempt == 2);
+  CHECK(second.fence > first.fence);
+  CHECK_FALSE(h.run(s.take_over(req.id, first.fence, 20s)).value().has_value());  // CAS spent
+  CHECK_FALSE(h.run(s.take_over(req.id, second.fence, 20s)).value().has_value());  // live lease
 
   rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
   CHECK(rec->attempt == 2);
+  CHECK(rec->fence == second.fence);
   CHECK(rec->state == State::in_progress);
   CHECK_FALSE(rec->lease_expired);
   CHECK(rec->lease_remaining > 19s);
@@ -287,52 +393,58 @@ TEST_CASE_TEMPLATE("take_over: never on a completed row", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 1s);
-  REQUIRE(h.run(s.claim(req)).has_value());
-  REQUIRE(h.run(s.complete(req.id, 1, sample_response(), 1h)).value());
+  const auto owner = claim_won(h, req);
+  REQUIRE(h.run(s.complete(req.id, owner.fence, sample_response(), 1h)).value() == store::Completion::recorded);
   h.advance(10s);
-  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());
+  CHECK_FALSE(h.run(s.take_over(req.id, owner.fence, 30s)).value().has_value());
 }
 
 TEST_CASE_TEMPLATE("take_over: of many concurrent duplicates exactly one wins", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 1s);
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto first = claim_won(h, req);
   h.advance(2s);
-  auto results = run_concurrently(h, 20, [&](int) { return s.take_over(req.id, 1, 30s); });
+  auto results = run_concurrently(h, 20, [&](int) { return s.take_over(req.id, first.fence, 30s); });
   int winners = 0;
+  std::int64_t winning_fence = 0;
   for (auto& r : results) {
     REQUIRE(r.has_value());
     if (r->has_value()) {
       ++winners;
-      CHECK(**r == 2);
+      CHECK((*r)->attempt == 2);
+      winning_fence = (*r)->fence;
     }
   }
   CHECK(winners == 1);
-  CHECK(h.run(s.read(req.id)).value()->attempt == 2);
+  const auto rec = h.run(s.read(req.id)).value();
+  CHECK(rec->attempt == 2);
+  CHECK(rec->fence == winning_fence);
 }
 
 TEST_CASE_TEMPLATE("expire_lease: the next duplicate can take over at once", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 1h);
-  REQUIRE(h.run(s.claim(req)).has_value());
-  REQUIRE(h.run(s.expire_lease(req.id, 1)).value());
+  const auto owner = claim_won(h, req);
+  REQUIRE(h.run(s.expire_lease(req.id, owner.fence)).value());
   auto rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
   CHECK(rec->lease_expired);
   CHECK(rec->lease_remaining == 0ms);
   CHECK(rec->state == State::in_progress);
-  CHECK(h.run(s.take_over(req.id, 1, 30s)).value() == std::optional<std::int64_t>(2));
+  const auto taken = h.run(s.take_over(req.id, owner.fence, 30s)).value();
+  REQUIRE(taken.has_value());
+  CHECK(taken->attempt == 2);
 }
 
 TEST_CASE_TEMPLATE("renew: extends the lease and keeps expires_at beyond it", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 10s, 1h);
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto owner = claim_won(h, req);
   h.advance(8s);
-  REQUIRE(h.run(s.renew(req.id, 1, 10s)).value());
+  REQUIRE(h.run(s.renew(req.id, owner.fence, 10s)).value());
   auto rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
   CHECK(rec->lease_remaining > 9s);
@@ -340,7 +452,7 @@ TEST_CASE_TEMPLATE("renew: extends the lease and keeps expires_at beyond it", H,
   h.advance(8s);  // 16 s after the claim: the original lease would have expired
   rec = h.run(s.read(req.id)).value();
   CHECK_FALSE(rec->lease_expired);
-  CHECK_FALSE(h.run(s.take_over(req.id, 1, 30s)).value().has_value());
+  CHECK_FALSE(h.run(s.take_over(req.id, owner.fence, 30s)).value().has_value());
   h.advance(3s);
   rec = h.run(s.read(req.id)).value();
   CHECK(rec->lease_expired);
@@ -348,8 +460,8 @@ TEST_CASE_TEMPLATE("renew: extends the lease and keeps expires_at beyond it", H,
   // A lease renewed past the retention pushes expires_at along: a row never expires
   // under a live lease.
   const auto short_req = claim_req(rid("short"), "fp-1", 1s, 2s);
-  REQUIRE(h.run(s.claim(short_req)).has_value());
-  REQUIRE(h.run(s.renew(short_req.id, 1, 60s)).value());
+  const auto short_owner = claim_won(h, short_req);
+  REQUIRE(h.run(s.renew(short_req.id, short_owner.fence, 60s)).value());
   auto short_rec = h.run(s.read(short_req.id)).value();
   REQUIRE(short_rec.has_value());
   CHECK(short_rec->expires_at_us >= short_rec->lease_expires_at_us);
@@ -361,42 +473,48 @@ TEST_CASE_TEMPLATE("release: deletes the claim so the key can be claimed again",
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid());
-  REQUIRE(h.run(s.claim(req)).has_value());
-  CHECK(h.run(s.release(req.id, 1)).value());
+  const auto owner = claim_won(h, req);
+  CHECK(h.run(s.release(req.id, owner.fence)).value());
   CHECK_FALSE(h.run(s.read(req.id)).value().has_value());
   CHECK(h.row_count() == 0);
-  CHECK_FALSE(h.run(s.release(req.id, 1)).value());
+  CHECK_FALSE(h.run(s.release(req.id, owner.fence)).value());
   auto again = h.run(s.claim(req));
   REQUIRE(again.has_value());
   CHECK(again->won);
-  CHECK(again->attempt == 1);
+  CHECK(again->owner.attempt == 1);
+  CHECK(again->owner.fence != owner.fence);
 }
 
 TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token seen", H, STORES) {
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 30s, 60s, "p-1");
-  REQUIRE(h.run(s.claim(req)).has_value());
-  REQUIRE(h.run(s.complete(req.id, 1, sample_response(), 60s)).value());
+  const auto first = claim_won(h, req);
+  REQUIRE(h.run(s.complete(req.id, first.fence, sample_response(), 60s)).value() == store::Completion::recorded);
   const auto replacement = claim_req(rid(), "fp-2", 15s, 2h, "p-2");
 
-  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());  // not expired
+  CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence)).value().has_value());  // live
   h.advance(61s);
   auto old = h.run(s.read(req.id)).value();
   REQUIRE(old.has_value());
   CHECK(old->expired);
   CHECK(old->state == State::completed);
 
-  CHECK_FALSE(h.run(s.replace_expired(replacement, 2)).value().has_value());  // wrong token
-  auto replaced = h.run(s.replace_expired(replacement, 1));
+  CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence + 1)).value().has_value());
+  auto replaced = h.run(s.replace_expired(replacement, first.fence));
   REQUIRE(replaced.has_value());
-  CHECK(*replaced == std::optional<std::int64_t>(2));  // tokens never go backwards
-  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());
+  REQUIRE(replaced->has_value());
+  CHECK((*replaced)->attempt == 2);  // attempts of the key keep counting up
+  CHECK((*replaced)->fence > first.fence);
+  CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence)).value().has_value());
+  // A straggler of the expired operation can no longer write.
+  CHECK(h.run(s.complete(req.id, first.fence, sample_response(), 1h)).value() == store::Completion::fenced);
 
   auto rec = h.run(s.read(req.id)).value();
   REQUIRE(rec.has_value());
   CHECK(rec->state == State::in_progress);
   CHECK(rec->attempt == 2);
+  CHECK(rec->fence == (*replaced)->fence);
   CHECK(rec->fingerprint == "fp-2");
   CHECK(rec->principal == "p-2");
   CHECK_FALSE(rec->expired);
@@ -408,7 +526,7 @@ TEST_CASE_TEMPLATE("replace_expired: only after retention, only with the token s
   CHECK(rec->expires_at_us - rec->created_at_us == us(2h));
   if constexpr (is_pg<H>) {
     // Nothing of the old answer survives in the row itself.
-    auto cols = h.sql().rows(
+    auto cols = h.sql().query(
         "SELECT response_status IS NULL, response_headers IS NULL, response_body IS NULL,"
         " resource_id IS NULL, response_body_omitted, completed_at IS NULL"
         " FROM idempotency_requests WHERE tenant_id = $1 AND endpoint = $2"
@@ -423,12 +541,14 @@ TEST_CASE_TEMPLATE("replace_expired: an in_progress row needs its lease gone too
   H h;
   auto& s = h.store();
   const auto req = claim_req(rid(), "fp-1", 5s, 10s);
-  REQUIRE(h.run(s.claim(req)).has_value());
+  const auto first = claim_won(h, req);
   const auto replacement = claim_req(rid(), "fp-2");
   h.advance(3s);
-  CHECK_FALSE(h.run(s.replace_expired(replacement, 1)).value().has_value());
+  CHECK_FALSE(h.run(s.replace_expired(replacement, first.fence)).value().has_value());
   h.advance(10s);  // lease and retention both passed: an abandoned claim
-  CHECK(h.run(s.replace_expired(replacement, 1)).value() == std::optional<std::int64_t>(2));
+  const auto replaced = h.run(s.replace_expired(replacement, first.fence)).value();
+  REQUIRE(replaced.has_value());
+  CHECK(replaced->attempt == 2);
 }
 
 TEST_CASE_TEMPLATE("purge: deletes in any state", H, STORES) {
@@ -438,7 +558,7 @@ TEST_CASE_TEMPLATE("purge: deletes in any state", H, STORES) {
   const auto running = claim_req(rid("running"));
   REQUIRE(h.run(s.claim(done)).has_value());
   REQUIRE(h.run(s.claim(running)).has_value());
-  REQUIRE(h.run(s.complete(done.id, 1, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(done.id, fence_of(h, done.id), sample_response(), 1h)).value() == store::Completion::recorded);
   CHECK(h.run(s.purge(done.id)).value());
   CHECK(h.run(s.purge(running.id)).value());
   CHECK_FALSE(h.run(s.purge(done.id)).value());
@@ -459,8 +579,8 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   const auto d = claim_req(rid("d"), "fp", 1h, 10s);
   const auto e = claim_req(rid("e"), "fp", 30s, 1h);
   for (const auto* r : {&a, &b, &c, &d, &e}) REQUIRE(h.run(s.claim(*r)).value().won);
-  REQUIRE(h.run(s.complete(a.id, 1, sample_response(), 10s)).value());
-  REQUIRE(h.run(s.complete(b.id, 1, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 10s)).value() == store::Completion::recorded);
+  REQUIRE(h.run(s.complete(b.id, fence_of(h, b.id), sample_response(), 1h)).value() == store::Completion::recorded);
 
   CHECK(h.run(s.delete_expired(100)).value() == 0);  // nothing expired yet
   h.advance(20s);
@@ -478,7 +598,7 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   for (int i = 0; i < 5; ++i) {
     const auto f = claim_req(rid("f" + std::to_string(i)), "fp", 1s, 1s);
     REQUIRE(h.run(s.claim(f)).value().won);
-    REQUIRE(h.run(s.complete(f.id, 1, sample_response(), 1s)).value());
+    REQUIRE(h.run(s.complete(f.id, fence_of(h, f.id), sample_response(), 1s)).value() == store::Completion::recorded);
   }
   h.advance(2s);
   CHECK(h.run(s.delete_expired(2)).value() == 2);
@@ -499,10 +619,10 @@ TEST_CASE_TEMPLATE("scope: the same key in other tenants and endpoints is anothe
     auto won = h.run(s.claim(*r));
     REQUIRE(won.has_value());
     CHECK(won->won);
-    CHECK(won->attempt == 1);
+    CHECK(won->owner.attempt == 1);
   }
   CHECK(h.row_count() == 3);
-  REQUIRE(h.run(s.complete(a.id, 1, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), sample_response(), 1h)).value() == store::Completion::recorded);
   CHECK(h.run(s.read(b.id)).value()->state == State::in_progress);
   CHECK(h.run(s.read(b.id)).value()->fingerprint == "fp-b");
   CHECK(h.run(s.read(c.id)).value()->fingerprint == "fp-c");
@@ -525,11 +645,11 @@ TEST_CASE_TEMPLATE("oldest_in_progress_age: the oldest running claim", H, STORES
   REQUIRE(age.has_value());
   CHECK(*age >= 5s);
   CHECK(*age < 6s);
-  REQUIRE(h.run(s.complete(x.id, 1, sample_response(), 1h)).value());
+  REQUIRE(h.run(s.complete(x.id, fence_of(h, x.id), sample_response(), 1h)).value() == store::Completion::recorded);
   age = h.run(s.oldest_in_progress_age()).value();
   REQUIRE(age.has_value());
   CHECK(*age < 1s);
-  REQUIRE(h.run(s.release(y.id, 1)).value());
+  REQUIRE(h.run(s.release(y.id, fence_of(h, y.id))).value());
   CHECK_FALSE(h.run(s.oldest_in_progress_age()).value().has_value());
 }
 

@@ -83,10 +83,10 @@ class MemoryHarness {
 };
 
 // One migrated database per test binary run, created on first use and dropped at exit.
-inline const TempDatabase& store_database() {
-  static TempDatabase db("idem_store_test");
+inline const ScratchDatabase& store_database() {
+  static ScratchDatabase db("idem_store_test");
   static const bool migrated = [] {
-    store::apply_migrations(db.conninfo(), Millis{5000});
+    store::apply_migrations(db.url(), Millis{5000});
     return true;
   }();
   (void)migrated;
@@ -95,7 +95,7 @@ inline const TempDatabase& store_database() {
 
 inline pg::PoolOptions store_pool_options(std::size_t size = 4) {
   pg::PoolOptions o;
-  o.conninfo = store_database().conninfo();
+  o.conninfo = store_database().url();
   o.size = size;
   o.connect_timeout = Millis{5000};
   o.statement_timeout = Millis{5000};
@@ -110,7 +110,7 @@ class PgHarness {
   static constexpr const char* kName = "PgStore";
 
   PgHarness()
-      : sql_(store_database().conninfo()),
+      : sql_(store_database().url()),
         pool_(pg::Pool::create(ctx_.get_executor(), store_pool_options())),
         store_(pool_) {
     // Each case starts from an empty table: cleanup and count checks see only their rows.
@@ -119,7 +119,7 @@ class PgHarness {
 
   store::Store& store() { return store_; }
   asio::io_context& ctx() { return ctx_; }
-  Sql& sql() { return sql_; }
+  Db& sql() { return sql_; }
   const std::shared_ptr<pg::Pool>& pool() { return pool_; }
 
   template <class T>
@@ -144,17 +144,17 @@ class PgHarness {
 
   // The whole row as PostgreSQL prints it: every column, byte for byte.
   std::string snapshot(const store::RecordId& id) {
-    auto v = sql_.scalar(
+    const auto rows = sql_.query(
         "SELECT t::text FROM idempotency_requests t"
         " WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3",
         {id.tenant, id.endpoint, id.key});
-    return v.value_or("<no row>");
+    return rows.empty() ? "<no row>" : rows.front().front().value_or("<no row>");
   }
 
   static constexpr bool kConcurrent = true;
 
  private:
-  Sql sql_;
+  Db sql_;
   asio::io_context ctx_;
   std::shared_ptr<pg::Pool> pool_;
   store::PgStore store_;

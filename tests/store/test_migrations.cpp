@@ -63,22 +63,22 @@ TEST_CASE("compare_schema: current, behind and mismatch") {
 }
 
 TEST_CASE("apply_migrations: applies once, then finds nothing to do") {
-  test::TempDatabase db("idem_migrate_test");
-  CHECK(check_schema(db.conninfo(), kConnect).status == SchemaStatus::behind);
+  test::ScratchDatabase db("idem_migrate_test");
+  CHECK(check_schema(db.url(), kConnect).status == SchemaStatus::behind);
 
-  auto first = apply_migrations(db.conninfo(), kConnect);
+  auto first = apply_migrations(db.url(), kConnect);
   CHECK(first.applied == all_versions());
   CHECK(first.current_version == latest_version());
-  auto check = check_schema(db.conninfo(), kConnect);
+  auto check = check_schema(db.url(), kConnect);
   CHECK(check.status == SchemaStatus::current);
   CHECK(check.database_version == latest_version());
 
-  auto second = apply_migrations(db.conninfo(), kConnect);
+  auto second = apply_migrations(db.url(), kConnect);
   CHECK(second.applied.empty());
   CHECK(second.current_version == latest_version());
 
-  test::Sql sql(db.conninfo());
-  auto rows = sql.rows("SELECT version, name, checksum, applied_at IS NOT NULL"
+  test::Db sql(db.url());
+  auto rows = sql.query("SELECT version, name, checksum, applied_at IS NOT NULL"
                        " FROM idemproxy_schema_migrations ORDER BY version");
   REQUIRE(rows.size() == embedded_migrations().size());
   CHECK(rows[0][0] == "1");
@@ -91,12 +91,12 @@ TEST_CASE("apply_migrations: applies once, then finds nothing to do") {
 }
 
 TEST_CASE("apply_migrations: concurrent migrators serialize; each migration runs once") {
-  test::TempDatabase db("idem_migrate_test");
+  test::ScratchDatabase db("idem_migrate_test");
   std::promise<void> go;
   auto start = go.get_future().share();
   auto migrate = [&] {
     start.wait();
-    return apply_migrations(db.conninfo(), kConnect);
+    return apply_migrations(db.url(), kConnect);
   };
   auto a = std::async(std::launch::async, migrate);
   auto b = std::async(std::launch::async, migrate);
@@ -108,41 +108,41 @@ TEST_CASE("apply_migrations: concurrent migrators serialize; each migration runs
   CHECK((ra.applied.empty() || rb.applied.empty()));
   CHECK(ra.current_version == latest_version());
   CHECK(rb.current_version == latest_version());
-  test::Sql sql(db.conninfo());
+  test::Db sql(db.url());
   CHECK(sql.scalar("SELECT count(*) FROM idemproxy_schema_migrations") ==
         std::to_string(embedded_migrations().size()));
 }
 
 TEST_CASE("apply_migrations: a changed checksum is refused") {
-  test::TempDatabase db("idem_migrate_test");
-  apply_migrations(db.conninfo(), kConnect);
-  test::Sql sql(db.conninfo());
+  test::ScratchDatabase db("idem_migrate_test");
+  apply_migrations(db.url(), kConnect);
+  test::Db sql(db.url());
   sql.exec("UPDATE idemproxy_schema_migrations SET checksum = 'tampered' WHERE version = 1");
-  CHECK_THROWS_WITH_AS(apply_migrations(db.conninfo(), kConnect),
+  CHECK_THROWS_WITH_AS(apply_migrations(db.url(), kConnect),
                        doctest::Contains("checksum"), std::runtime_error);
-  auto check = check_schema(db.conninfo(), kConnect);
+  auto check = check_schema(db.url(), kConnect);
   CHECK(check.status == SchemaStatus::mismatch);
   CHECK(check.detail.find("0001_idempotency_requests") != std::string::npos);
 }
 
 TEST_CASE("apply_migrations: an unknown newer version is refused") {
-  test::TempDatabase db("idem_migrate_test");
-  apply_migrations(db.conninfo(), kConnect);
-  test::Sql sql(db.conninfo());
+  test::ScratchDatabase db("idem_migrate_test");
+  apply_migrations(db.url(), kConnect);
+  test::Db sql(db.url());
   sql.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum)"
            " VALUES (9999, 'from_the_future', 'x')");
-  CHECK_THROWS_AS(apply_migrations(db.conninfo(), kConnect), std::runtime_error);
-  auto check = check_schema(db.conninfo(), kConnect);
+  CHECK_THROWS_AS(apply_migrations(db.url(), kConnect), std::runtime_error);
+  auto check = check_schema(db.url(), kConnect);
   CHECK(check.status == SchemaStatus::mismatch);
   CHECK(check.database_version == 9999);
 }
 
 TEST_CASE("kSchemaQuery reads what compare_schema needs") {
-  test::TempDatabase db("idem_migrate_test");
-  apply_migrations(db.conninfo(), kConnect);
-  test::Sql sql(db.conninfo());
+  test::ScratchDatabase db("idem_migrate_test");
+  apply_migrations(db.url(), kConnect);
+  test::Db sql(db.url());
   std::vector<std::pair<int, std::string>> applied;
-  for (const auto& row : sql.rows(kSchemaQuery)) applied.emplace_back(std::stoi(*row[0]), *row[1]);
+  for (const auto& row : sql.query(kSchemaQuery)) applied.emplace_back(std::stoi(*row[0]), *row[1]);
   CHECK(compare_schema(applied).status == SchemaStatus::current);
 }
 

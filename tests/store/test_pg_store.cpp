@@ -11,6 +11,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <libpq-fe.h>
 #include <poll.h>
 
 #include "idempotency/fingerprint.hpp"
@@ -20,6 +21,15 @@ using namespace idem;
 using namespace std::chrono_literals;
 
 namespace {
+
+// The fencing token of the claim that holds the record now (owner writes name it).
+std::int64_t fence_of(test::PgHarness& h, const store::RecordId& id) {
+  return std::stoll(h.sql()
+                        .scalar("SELECT fencing_token FROM idempotency_requests WHERE tenant_id = $1"
+                                " AND endpoint = $2 AND idempotency_key = $3",
+                                {id.tenant, id.endpoint, id.key})
+                        .value());
+}
 
 store::ClaimRequest claim_req(std::string key, std::string fingerprint = "fp") {
   store::ClaimRequest r;
@@ -42,7 +52,7 @@ int claim_burst(asio::io_context& ctx, store::Store& s, const store::ClaimReques
     REQUIRE(r.has_value());
     if (r->won) {
       ++won;
-      CHECK(r->attempt == 1);
+      CHECK(r->owner.attempt == 1);
     }
   }
   return won;
@@ -87,9 +97,9 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
                   {"Set-Cookie", "b=2"},
                   {"X-Bin", std::string("\xff\x00", 2)}};
   resp.body = std::string("{\"id\":1}\0\xff", 10);
-  REQUIRE(h.run(s.complete(req.id, 1, resp, 1h)).value());
+  REQUIRE(h.run(s.complete(req.id, fence_of(h, req.id), resp, 1h)).value() == store::Completion::recorded);
 
-  auto row = h.sql().rows(
+  auto row = h.sql().query(
       "SELECT state, response_status, response_headers::text, encode(response_body, 'hex'),"
       " resource_id IS NULL, response_body_omitted, lease_expires_at IS NULL,"
       " expires_at - completed_at"
@@ -114,8 +124,8 @@ TEST_CASE("PgStore: the stored formats operators and other tools see") {
   omitted.status = 200;
   omitted.body_omitted = true;
   omitted.resource_id = "r-1";
-  REQUIRE(h.run(s.complete(big.id, 1, omitted, 1h)).value());
-  CHECK(h.sql().rows("SELECT response_body IS NULL, response_body_omitted, resource_id"
+  REQUIRE(h.run(s.complete(big.id, fence_of(h, big.id), omitted, 1h)).value() == store::Completion::recorded);
+  CHECK(h.sql().query("SELECT response_body IS NULL, response_body_omitted, resource_id"
                      " FROM idempotency_requests WHERE idempotency_key = 'omitted'")[0] ==
         test::Row{"t", "t", "r-1"});
 }
@@ -133,7 +143,9 @@ TEST_CASE("PgStore: an expired row under a live lease is neither replaced nor cl
   CHECK(rec->expired);
   CHECK_FALSE(rec->lease_expired);
   CHECK(h.run(s.delete_expired(100)).value() == 0);
-  CHECK_FALSE(h.run(s.replace_expired(claim_req("leased", "fp-2"), 1)).value().has_value());
+  CHECK_FALSE(h.run(s.replace_expired(claim_req("leased", "fp-2"), fence_of(h, req.id)))
+                  .value()
+                  .has_value());
   CHECK(h.row_count() == 1);
 }
 
@@ -141,7 +153,8 @@ TEST_CASE("PgStore: a row lock held past statement_timeout is a store timeout") 
   test::PgHarness h;
   auto& s = h.store();
   const auto req = claim_req("locked");
-  REQUIRE(h.run(s.claim(req)).value().won);
+  const auto owner = h.run(s.claim(req)).value();
+  REQUIRE(owner.won);
 
   asio::io_context ctx;
   auto opts = test::store_pool_options(1);
@@ -149,18 +162,18 @@ TEST_CASE("PgStore: a row lock held past statement_timeout is a store timeout") 
   auto pool = pg::Pool::create(ctx.get_executor(), opts);
   store::PgStore impatient(pool);
 
-  test::Sql locker(test::store_database().conninfo());
+  test::Db locker(test::store_database().url());
   locker.exec("BEGIN");
   locker.exec("SELECT 1 FROM idempotency_requests WHERE idempotency_key = 'locked' FOR UPDATE");
   const auto start = SteadyClock::now();
-  auto r = test::run(ctx, impatient.renew(req.id, 1, 30s));
+  auto r = test::run(ctx, impatient.renew(req.id, owner.owner.fence, 30s));
   const auto took = test::elapsed_since(start);
   locker.exec("ROLLBACK");
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error() == errc::store_timeout);
   CHECK(took < 2000ms);
   // The renew did not happen, and works once the lock is gone.
-  CHECK(test::run(ctx, impatient.renew(req.id, 1, 30s)).value());
+  CHECK(test::run(ctx, impatient.renew(req.id, owner.owner.fence, 30s)).value());
 }
 
 TEST_CASE("PgStore: an unreachable database is store_unavailable, at once") {
@@ -219,6 +232,7 @@ TEST_CASE("PgStore: a lost claim can bring the row along, read after the claim")
     CHECK(lost->row->fingerprint == (*read)->fingerprint);
     CHECK(lost->row->state == store::State::in_progress);
     CHECK(lost->row->attempt == 1);
+    CHECK(lost->row->fence == won->owner.fence);
     CHECK(lost->row->created_at_us == (*read)->created_at_us);
     CHECK(lost->row->lease_expires_at_us == (*read)->lease_expires_at_us);
     CHECK(h.row_count() == 1);
@@ -228,7 +242,7 @@ TEST_CASE("PgStore: a lost claim can bring the row along, read after the claim")
     resp.status = 201;
     resp.body = "{\"id\":1}";
     resp.headers = {{"Content-Type", "application/json"}};
-    REQUIRE(test::run(ctx, s.complete(req.id, 1, resp, 1h)).value());
+    REQUIRE(test::run(ctx, s.complete(req.id, won->owner.fence, resp, 1h)).value() == store::Completion::recorded);
     auto replay = test::run(ctx, s.claim(req));
     REQUIRE(replay.has_value());
     REQUIRE(replay->row.has_value());
@@ -277,7 +291,7 @@ namespace {
 // A session of its own that LISTENs on the replay cache's channel (blocking libpq: a test).
 class ChangeListener {
  public:
-  ChangeListener() : conn_(PQconnectdb(test::store_database().conninfo().c_str())) {
+  ChangeListener() : conn_(PQconnectdb(test::store_database().url().c_str())) {
     REQUIRE(PQstatus(conn_) == CONNECTION_OK);
     PQclear(PQexec(conn_, "LISTEN idemproxy_records"));
   }
@@ -330,11 +344,11 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   const auto b = claim_req("announce-b");
   REQUIRE(h.run(s.claim(a)).value().won);
   REQUIRE(h.run(s.claim(b)).value().won);
-  REQUIRE(h.run(s.complete(a.id, 1, resp, 1h)).value());
-  REQUIRE(h.run(s.expire_lease(b.id, 1)).value());
+  REQUIRE(h.run(s.complete(a.id, fence_of(h, a.id), resp, 1h)).value() == store::Completion::recorded);
+  REQUIRE(h.run(s.expire_lease(b.id, fence_of(h, b.id))).value());
   REQUIRE(h.run(s.read(a.id)).has_value());
   CHECK_FALSE(h.run(s.claim(a)).value().won);
-  REQUIRE(h.run(s.release(b.id, 1)).value());
+  REQUIRE(h.run(s.release(b.id, fence_of(h, b.id))).value());
   CHECK(announced().empty());
 
   // Deleting a completed record, by purge or by hand, names it.
@@ -342,7 +356,7 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   CHECK(announced() == std::vector<std::string>{op(a)});
   const auto c = claim_req("announce-c");
   REQUIRE(h.run(s.claim(c)).value().won);
-  REQUIRE(h.run(s.complete(c.id, 1, resp, 1h)).value());
+  REQUIRE(h.run(s.complete(c.id, fence_of(h, c.id), resp, 1h)).value() == store::Completion::recorded);
   h.sql().exec("UPDATE idempotency_requests SET response_status = 200 WHERE idempotency_key = 'announce-c'");
   CHECK(announced() == std::vector<std::string>{op(c)});
 
@@ -350,10 +364,10 @@ TEST_CASE("PgStore: migration 0002 announces changes of completed, unexpired rec
   // serves it any more). Moving the clock is itself an UPDATE of a live record: announced.
   h.advance(2h);
   CHECK(announced() == std::vector<std::string>{op(c)});
-  REQUIRE(h.run(s.replace_expired(c, 1)).value().has_value());
+  REQUIRE(h.run(s.replace_expired(c, fence_of(h, c.id))).value().has_value());
   const auto d = claim_req("announce-d");
   REQUIRE(h.run(s.claim(d)).value().won);
-  REQUIRE(h.run(s.complete(d.id, 1, resp, 1h)).value());
+  REQUIRE(h.run(s.complete(d.id, fence_of(h, d.id), resp, 1h)).value() == store::Completion::recorded);
   h.advance(2h);
   CHECK(announced() == std::vector<std::string>{op(d)});
   CHECK(h.run(s.delete_expired(100)).value() >= 1);
@@ -373,7 +387,7 @@ TEST_CASE("PgStore: the database computes the same operation id as the sidecar")
       {"a", "", "b"},
   };
   for (const auto& [tenant, endpoint, key] : cases) {
-    const auto rows = h.sql().rows("SELECT idemproxy_operation_id($1, $2, $3)", {tenant, endpoint, key});
+    const auto rows = h.sql().query("SELECT idemproxy_operation_id($1, $2, $3)", {tenant, endpoint, key});
     REQUIRE(rows.size() == 1);
     CHECK(rows[0][0] == idempotency::operation_id(tenant, endpoint, key));
   }

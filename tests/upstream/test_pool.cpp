@@ -61,6 +61,8 @@ enum class Mode {
   big_body,             // a 2000-byte body
   garbage,              // not HTTP
   interim,              // "100 Continue" before the final response
+  bodiless_then_stray,  // first answer 204, then bytes before the next answer on the connection
+  chunked_with_trailer, // a chunked 200 whose trailer repeats Location and adds X-Trailer
 };
 
 class Backend {
@@ -95,6 +97,7 @@ class Backend {
 
   asio::awaitable<void> serve(tcp::socket socket) {
     beast::flat_buffer buffer;
+    bool owes_stray = false;  // Mode::bodiless_then_stray
     for (;;) {
       http::request<http::string_body> req;
       auto [ec, n] = co_await http::async_read(socket, buffer, req, use_tuple);
@@ -126,6 +129,29 @@ class Backend {
           const std::string cont = "HTTP/1.1 100 Continue\r\n\r\n";
           co_await asio::async_write(socket, asio::buffer(cont), use_tuple);
           break;
+        }
+        case Mode::bodiless_then_stray: {
+          // "/a" gets a 204 whose body goes out only with the next answer on this
+          // connection.
+          if (req.target() == "/a") {
+            const std::string bytes = "HTTP/1.1 204 No Content\r\n\r\n";
+            co_await asio::async_write(socket, asio::buffer(bytes), use_tuple);
+            owes_stray = true;
+            continue;
+          }
+          if (owes_stray) {
+            const std::string junk = "junk!";
+            co_await asio::async_write(socket, asio::buffer(junk), use_tuple);
+            owes_stray = false;
+          }
+          break;
+        }
+        case Mode::chunked_with_trailer: {
+          const std::string bytes =
+              "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nLocation: /header\r\n\r\n"
+              "5\r\nhello\r\n0\r\nLocation: /trailer\r\nX-Trailer: 1\r\n\r\n";
+          co_await asio::async_write(socket, asio::buffer(bytes), use_tuple);
+          continue;
         }
         default:
           break;
@@ -334,22 +360,65 @@ TEST_CASE("upstream: connections idle longer than idle_ttl are not reused") {
   CHECK(backend.connections == 3);
 }
 
-TEST_CASE("upstream: HEAD responses and interim responses keep the connection in sync") {
+TEST_CASE("upstream: interim responses keep the connection in sync; HEAD answers retire it") {
   asio::io_context ioc;
   Backend backend(ioc, Mode::interim);
   Pool pool(ioc.get_executor(), options_for(backend.port()));
   run(ioc, [&]() -> asio::awaitable<void> {
+    auto first = co_await pool.send(make_request("/f", {}, http::verb::get));
+    REQUIRE(first.failure == Failure::none);
+    CHECK(first.response.result() == http::status::ok);  // the 100 was skipped
     auto head = co_await pool.send(make_request("/h", {}, http::verb::head));
     REQUIRE(head.failure == Failure::none);
-    CHECK(head.response.result() == http::status::ok);  // the 100 was skipped
+    CHECK(head.reused_connection);
+    CHECK(head.response.result() == http::status::ok);
     CHECK(head.response.body().empty());
     CHECK(head.response[http::field::content_length] == "8");  // "echo /h "
+    // A HEAD answer's framing forbids a body, so a body the backend sent anyway would
+    // still be on the connection: it is not pooled.
     auto get = co_await pool.send(make_request("/g", {}, http::verb::get));
     REQUIRE(get.failure == Failure::none);
-    CHECK(get.reused_connection);
+    CHECK_FALSE(get.reused_connection);
     CHECK(get.response.body() == "echo /g ");
   });
-  CHECK(backend.connections == 1);
+  CHECK(backend.connections == 2);
+}
+
+TEST_CASE("upstream: a 204 whose body bytes arrive late does not desync the next exchange") {
+  // The backend answers the first request "204" and sends body bytes anyway, but only
+  // once the next request reached it on the same connection: too late for any check of
+  // the idle connection, so only not pooling it after a bodiless status helps.
+  asio::io_context ioc;
+  Backend backend(ioc, Mode::bodiless_then_stray);
+  Pool pool(ioc.get_executor(), options_for(backend.port()));
+  run(ioc, [&]() -> asio::awaitable<void> {
+    auto first = co_await pool.send(make_request("/a", "1"));
+    REQUIRE(first.failure == Failure::none);
+    CHECK(first.response.result() == http::status::no_content);
+    auto second = co_await pool.send(make_request("/b", "2"));
+    REQUIRE(second.failure == Failure::none);
+    CHECK_FALSE(second.reused_connection);
+    CHECK(second.response.result() == http::status::ok);
+    CHECK(second.response.body() == "echo /b 2");
+  });
+  CHECK(backend.connections == 2);
+}
+
+TEST_CASE("upstream: a response's trailer fields are dropped, never merged into its header") {
+  asio::io_context ioc;
+  Backend backend(ioc, Mode::chunked_with_trailer);
+  Pool pool(ioc.get_executor(), options_for(backend.port()));
+  run(ioc, [&]() -> asio::awaitable<void> {
+    auto out = co_await pool.send(make_request("/t", "x"));
+    REQUIRE(out.failure == Failure::none);
+    CHECK(out.response.body() == "hello");
+    CHECK(out.response.count(http::field::location) == 1);
+    CHECK(out.response[http::field::location] == "/header");
+    CHECK(out.response.count("X-Trailer") == 0);
+    auto again = co_await pool.send(make_request("/u", "y"));
+    REQUIRE(again.failure == Failure::none);
+    CHECK(again.reused_connection);
+  });
 }
 
 TEST_CASE("upstream: 50 concurrent sends on one pool all succeed") {

@@ -1,10 +1,15 @@
-#include "support/db.hpp"
+#include "test_support/postgres.hpp"
 
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <charconv>
+#include <cstdlib>
+#include <random>
 
-namespace idem::it {
+#include "common/text.hpp"
+
+namespace idem::test {
 
 namespace {
 
@@ -14,14 +19,31 @@ struct ResultDeleter {
 using ResultPtr = std::unique_ptr<PGresult, ResultDeleter>;
 
 std::string trimmed_error(const char* message) {
-  std::string text = message ? message : "";
-  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) {
-    text.pop_back();
-  }
-  return text;
+  return std::string(text::trim_end(message ? message : "", "\n "));
 }
 
+void discard_notice(void*, const char*) {}
+
 }  // namespace
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) {
+    return std::nullopt;
+  }
+  return std::string(value);
+}
+
+std::string database_url() {
+  auto url = env("DATABASE_URL");
+  if (!url || url->empty()) {
+    throw Failure(
+        "DATABASE_URL is not set. Run the tests through scripts/test (it starts a throwaway "
+        "PostgreSQL), or export DATABASE_URL=postgresql://user@host:port/db pointing at a "
+        "database the tests may write to (by hand: eval \"$(scripts/lib/pg-up /tmp/pg)\").");
+  }
+  return *url;
+}
 
 struct Db::Impl {
   std::string conninfo;
@@ -49,6 +71,7 @@ struct Db::Impl {
       conn = nullptr;
       throw Failure("cannot connect to PostgreSQL: " + why);
     }
+    PQsetNoticeProcessor(conn, discard_notice, nullptr);
   }
 
   ResultPtr run(std::string_view sql, const SqlParams& params) {
@@ -68,8 +91,9 @@ struct Db::Impl {
       const char* sqlstate = result ? PQresultErrorField(result.get(), PG_DIAG_SQLSTATE) : nullptr;
       const std::string message = trimmed_error(result ? PQresultErrorMessage(result.get())
                                                        : PQerrorMessage(conn));
-      throw Failure("SQL failed [" + std::string(sqlstate ? sqlstate : "no SQLSTATE") +
-                    "]: " + message + "\n  statement: " + statement);
+      throw SqlError("SQL failed [" + std::string(sqlstate ? sqlstate : "no SQLSTATE") +
+                         "]: " + message + "\n  statement: " + statement,
+                     sqlstate ? sqlstate : "");
     }
     return result;
   }
@@ -154,4 +178,37 @@ std::int64_t Db::exec(std::string_view sql, const SqlParams& params) {
   return n;
 }
 
-}  // namespace idem::it
+// ------------------------------------------------------------------ ScratchDatabase
+
+ScratchDatabase::ScratchDatabase(std::string_view prefix) {
+  static std::mt19937_64 rng{std::random_device{}()};
+  name_ = std::string(prefix) + "_";
+  text::append_hex_digits(name_, static_cast<unsigned>(rng()), 8);
+  text::append_hex_digits(name_, static_cast<unsigned>(rng()), 4);
+  Db server(database_url());
+  // Identifiers cannot be bound as parameters; the name is ours (a prefix and hex).
+  server.exec("CREATE DATABASE \"" + name_ + "\"");
+}
+
+ScratchDatabase::~ScratchDatabase() {
+  try {
+    Db server(database_url());
+    server.exec("DROP DATABASE IF EXISTS \"" + name_ + "\" WITH (FORCE)");
+  } catch (const std::exception&) {
+    // The server may be down after a failed outage test, and it is throwaway: a leftover
+    // database costs nothing, an exception from a destructor would abort the run.
+  }
+}
+
+std::string ScratchDatabase::url() const {
+  const std::string base = database_url();
+  const auto scheme = base.find("://");
+  if (scheme == std::string::npos) return base + " dbname=" + name_;  // conninfo
+  const auto path = base.find('/', scheme + 3);
+  const auto query = base.find('?', scheme + 3);
+  const std::string authority = base.substr(0, std::min(path, query));
+  const std::string rest = query == std::string::npos ? std::string() : base.substr(query);
+  return authority + "/" + name_ + rest;
+}
+
+}  // namespace idem::test

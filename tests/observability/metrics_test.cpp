@@ -1,6 +1,7 @@
 // Metrics: the exposition text is parsed back with a small independent parser that checks
-// the Prometheus 0.0.4 text syntax line by line, and the values are compared with what was
-// recorded, including from many threads at once.
+// the Prometheus 0.0.4 text syntax line by line (test_support/prometheus.hpp, shared with
+// the end-to-end scrapes), and the values are compared with what was recorded, including
+// from many threads at once.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -13,178 +14,18 @@
 #include <vector>
 
 #include "observability/metrics.hpp"
+#include "test_support/prometheus.hpp"
 
 using namespace idem::obs;
 
 namespace {
 
-struct Sample {
-  std::string name;
-  std::map<std::string, std::string> labels;
-  double value = 0;
-};
+// The strict, independent text-format parser and the histogram checks
+// (test_support/prometheus.hpp).
+using idem::test::check_histograms;
+using idem::test::Exposition;
 
-struct Exposition {
-  std::map<std::string, std::string> types;  // family -> counter|gauge|histogram
-  std::map<std::string, std::string> help;
-  std::vector<Sample> samples;
-
-  // Value of the one sample with this name and exactly these labels; NaN when absent.
-  double get(const std::string& name, const std::map<std::string, std::string>& labels = {}) const {
-    double found = NAN;
-    int matches = 0;
-    for (const auto& s : samples) {
-      if (s.name == name && s.labels == labels) {
-        found = s.value;
-        ++matches;
-      }
-    }
-    CHECK_MESSAGE(matches <= 1, "duplicate series " << name);
-    return found;
-  }
-};
-
-bool is_name_start(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_' || c == ':'; }
-bool is_name_char(char c) { return is_name_start(c) || (c >= '0' && c <= '9'); }
-
-std::string read_name(const std::string& line, std::size_t& i, bool metric) {
-  const auto start = i;
-  if (i >= line.size() || !is_name_start(line[i]) || (!metric && line[i] == ':')) return {};
-  while (i < line.size() && is_name_char(line[i]) && (metric || line[i] != ':')) ++i;
-  return line.substr(start, i - start);
-}
-
-double parse_value(const std::string& text) {
-  if (text == "+Inf") return INFINITY;
-  if (text == "-Inf") return -INFINITY;
-  if (text == "NaN") return NAN;
-  std::size_t used = 0;
-  const double v = std::stod(text, &used);
-  REQUIRE_MESSAGE(used == text.size(), "bad sample value '" << text << "'");
-  return v;
-}
-
-// The family a sample belongs to: histograms expose name_bucket, name_sum, name_count.
-std::string family_of(const std::string& sample, const std::map<std::string, std::string>& types) {
-  if (types.count(sample)) return sample;
-  for (const char* suffix : {"_bucket", "_sum", "_count"}) {
-    const std::string s = suffix;
-    if (sample.size() > s.size() && sample.compare(sample.size() - s.size(), s.size(), s) == 0) {
-      const auto base = sample.substr(0, sample.size() - s.size());
-      const auto t = types.find(base);
-      if (t != types.end() && t->second == "histogram") return base;
-    }
-  }
-  return {};
-}
-
-Exposition parse(const std::string& text) {
-  Exposition e;
-  REQUIRE_MESSAGE((!text.empty() && text.back() == '\n'), "exposition must end with a newline");
-  std::istringstream in(text);
-  std::string line;
-  std::set<std::string> seen_samples_of;  // families whose samples started
-  std::string current;                    // family of the last TYPE line
-  while (std::getline(in, line)) {
-    INFO("line: " << line);
-    REQUIRE_FALSE(line.empty());
-    if (line.rfind("# ", 0) == 0) {
-      std::size_t i = 2;
-      const auto keyword = line.substr(2, 4);
-      REQUIRE((keyword == "HELP" || keyword == "TYPE"));
-      i = 7;
-      REQUIRE(line[6] == ' ');
-      const auto name = read_name(line, i, true);
-      REQUIRE_FALSE(name.empty());
-      REQUIRE(i < line.size());
-      REQUIRE(line[i] == ' ');
-      const auto rest = line.substr(i + 1);
-      if (keyword == "TYPE") {
-        REQUIRE((rest == "counter" || rest == "gauge" || rest == "histogram"));
-        REQUIRE_MESSAGE(e.types.count(name) == 0, "TYPE twice for " << name);
-        REQUIRE_MESSAGE(seen_samples_of.count(name) == 0, "TYPE after samples of " << name);
-        e.types[name] = rest;
-        current = name;
-      } else {
-        REQUIRE_MESSAGE(e.help.count(name) == 0, "HELP twice for " << name);
-        e.help[name] = rest;
-      }
-      continue;
-    }
-    Sample s;
-    std::size_t i = 0;
-    s.name = read_name(line, i, true);
-    REQUIRE_FALSE(s.name.empty());
-    if (i < line.size() && line[i] == '{') {
-      ++i;
-      while (true) {
-        REQUIRE(i < line.size());
-        if (line[i] == '}') {
-          ++i;
-          break;
-        }
-        const auto label = read_name(line, i, false);
-        REQUIRE_FALSE(label.empty());
-        REQUIRE(line.substr(i, 2) == "=\"");
-        i += 2;
-        std::string value;
-        while (true) {
-          REQUIRE(i < line.size());
-          const char c = line[i++];
-          if (c == '"') break;
-          if (c == '\\') {
-            REQUIRE(i < line.size());
-            const char esc = line[i++];
-            REQUIRE((esc == '\\' || esc == '"' || esc == 'n'));
-            value += esc == 'n' ? '\n' : esc;
-          } else {
-            value += c;
-          }
-        }
-        REQUIRE_MESSAGE(s.labels.emplace(label, value).second, "label twice: " << label);
-        REQUIRE(i < line.size());
-        if (line[i] == ',') ++i;
-      }
-    }
-    REQUIRE(i < line.size());
-    REQUIRE(line[i] == ' ');
-    s.value = parse_value(line.substr(i + 1));
-    const auto family = family_of(s.name, e.types);
-    REQUIRE_MESSAGE(!family.empty(), "sample without TYPE: " << s.name);
-    REQUIRE_MESSAGE(family == current, "samples of " << family << " are not grouped under its TYPE");
-    REQUIRE_MESSAGE(e.help.count(family) == 1, "no HELP for " << family);
-    seen_samples_of.insert(family);
-    e.samples.push_back(std::move(s));
-  }
-  return e;
-}
-
-// Checks every histogram series: cumulative buckets, ascending le, +Inf == _count.
-void check_histograms(const Exposition& e) {
-  for (const auto& [family, type] : e.types) {
-    if (type != "histogram") continue;
-    std::map<std::map<std::string, std::string>, std::vector<std::pair<double, double>>> series;
-    for (const auto& s : e.samples) {
-      if (s.name != family + "_bucket") continue;
-      auto labels = s.labels;
-      REQUIRE(labels.count("le") == 1);
-      const double le = parse_value(labels["le"]);
-      labels.erase("le");
-      series[labels].emplace_back(le, s.value);
-    }
-    for (const auto& [labels, buckets] : series) {
-      INFO(family);
-      REQUIRE_FALSE(buckets.empty());
-      for (std::size_t i = 1; i < buckets.size(); ++i) {
-        CHECK(buckets[i].first > buckets[i - 1].first);    // le ascending
-        CHECK(buckets[i].second >= buckets[i - 1].second);  // cumulative
-      }
-      CHECK(std::isinf(buckets.back().first));
-      CHECK(e.get(family + "_count", labels) == buckets.back().second);
-      CHECK_FALSE(std::isnan(e.get(family + "_sum", labels)));
-    }
-  }
-}
+Exposition parse(const std::string& text) { return idem::test::parse_exposition(text); }
 
 }  // namespace
 
@@ -197,6 +38,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_store_duration_seconds") == "histogram");
   CHECK(e.types.at("idemproxy_takeovers_total") == "counter");
   CHECK(e.types.at("idemproxy_fenced_writes_total") == "counter");
+  CHECK(e.types.at("idemproxy_fenced_answers_total") == "counter");
   CHECK(e.types.at("idemproxy_lease_renewals_total") == "counter");
   CHECK(e.types.at("idemproxy_expired_deleted_total") == "counter");
   CHECK(e.types.at("idemproxy_store_errors_total") == "counter");
@@ -206,7 +48,9 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
-  CHECK(e.types.size() == 15);
+  CHECK(e.types.at("idemproxy_refetches_total") == "counter");
+  CHECK(e.types.at("idemproxy_reconciliations_total") == "counter");
+  CHECK(e.types.size() == 20);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -218,6 +62,9 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
+  for (const char* answer : {"replayed", "in_progress", "key_reused", "forbidden", "unavailable"}) {
+    CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", answer}}) == 0);
+  }
   check_histograms(e);
 }
 
@@ -232,6 +79,7 @@ TEST_CASE("recorded values appear in the exposition") {
   m.takeover();
   m.fenced_write();
   m.fenced_write();
+  m.fenced_answer("replayed");
   m.lease_renewal();
   m.expired_deleted(500);
   m.expired_deleted(20);
@@ -267,6 +115,9 @@ TEST_CASE("recorded values appear in the exposition") {
   CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", "read"}}) == 0);
   CHECK(e.get("idemproxy_takeovers_total") == 1);
   CHECK(e.get("idemproxy_fenced_writes_total") == 2);
+  CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", "replayed"}}) == 1);
+  CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", "unavailable"}}) == 0);
+  CHECK(m.fenced_answers("replayed") == 1);
   CHECK(e.get("idemproxy_lease_renewals_total") == 1);
   CHECK(e.get("idemproxy_expired_deleted_total") == 520);
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 1);
@@ -338,7 +189,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 15);
+        CHECK(e.types.size() == 20);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
@@ -407,6 +258,8 @@ TEST_CASE("outcome and store op names") {
   CHECK(to_string(Outcome::unknown_outcome) == "unknown_outcome");
   CHECK(to_string(Outcome::store_unavailable) == "store_unavailable");
   CHECK(to_string(Outcome::passthrough) == "passthrough");
+  CHECK(to_string(Outcome::accepted) == "accepted");
+  CHECK(to_string(Outcome::replay_failed) == "replay_failed");
   CHECK(to_string(StoreOp::take_over) == "take_over");
   CHECK(to_string(StoreOp::expire_lease) == "expire_lease");
   CHECK(to_string(StoreOp::cleanup) == "cleanup");

@@ -1,10 +1,10 @@
-#include "support/wait.hpp"
+#include "test_support/wait.hpp"
 
 #include <algorithm>
 #include <filesystem>
 #include <thread>
 
-namespace idem::it {
+namespace idem::test {
 
 namespace {
 
@@ -52,4 +52,4 @@ Millis Deadline::remaining() const {
   return std::max(Millis(0), std::chrono::duration_cast<Millis>(left));
 }
 
-}  // namespace idem::it
+}  // namespace idem::test

@@ -1,11 +1,10 @@
-#include "support/http.hpp"
+#include "test_support/http.hpp"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <array>
-#include <cctype>
 #include <cerrno>
 
 #include <boost/asio/connect.hpp>
@@ -20,7 +19,7 @@
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
 
-namespace idem::it {
+namespace idem::test {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -47,10 +46,8 @@ std::string printable(std::string_view raw, std::size_t limit = 2000) {
     } else if (c == '\n') {
       out += "\\n\n";
     } else if (c < 0x20 || c >= 0x7f) {
-      constexpr char hex[] = "0123456789abcdef";
       out += "\\x";
-      out += hex[c >> 4];
-      out += hex[c & 0xf];
+      text::append_hex_digits(out, c, 2);
     } else {
       out += static_cast<char>(c);
     }
@@ -69,6 +66,7 @@ HttpResponse to_response(http::response<http::string_body>&& message) {
     out.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
   }
   out.keep_alive = message.keep_alive();
+  out.version = message.version();
   out.body = std::move(message.body());
   return out;
 }
@@ -154,20 +152,7 @@ bool method_has_body_semantics(std::string_view method) {
 
 // ------------------------------------------------------------------------- HttpResponse
 
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) {
-    return false;
-  }
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::tolower(static_cast<unsigned char>(a[i])) !=
-        std::tolower(static_cast<unsigned char>(b[i]))) {
-      return false;
-    }
-  }
-  return true;
-}
-
-std::optional<std::string> HttpResponse::header(std::string_view name) const {
+std::optional<std::string> header_value(const Headers& headers, std::string_view name) {
   for (const auto& [n, v] : headers) {
     if (iequals(n, name)) {
       return v;
@@ -176,7 +161,7 @@ std::optional<std::string> HttpResponse::header(std::string_view name) const {
   return std::nullopt;
 }
 
-std::vector<std::string> HttpResponse::headers_named(std::string_view name) const {
+std::vector<std::string> header_values(const Headers& headers, std::string_view name) {
   std::vector<std::string> out;
   for (const auto& [n, v] : headers) {
     if (iequals(n, name)) {
@@ -194,20 +179,23 @@ std::uint16_t free_port() {
   return acceptor.local_endpoint().port();
 }
 
-bool port_open(std::uint16_t port) {
+int connect_errno(std::uint16_t port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    return false;
+    return errno;
   }
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   // Loopback connects complete (or are refused) at once, so a blocking connect is bounded.
-  const bool ok = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  const int err =
+      ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 ? 0 : errno;
   ::close(fd);
-  return ok;
+  return err;
 }
+
+bool port_open(std::uint16_t port) { return connect_errno(port) == 0; }
 
 void wait_for_port(std::uint16_t port, Millis timeout) {
   wait_until([port] { return port_open(port); }, timeout,
@@ -397,12 +385,16 @@ void RawConnection::send(std::string_view bytes, Millis timeout) {
   }
 }
 
-std::string RawConnection::read_response_bytes(Millis timeout) {
+// The bytes of the next complete response in the inbox, reading more as needed; what
+// arrived when the server closed first or sent something that is not HTTP; nullopt when
+// `timeout` passed first.
+std::optional<std::string> RawConnection::next_response_bytes(Millis timeout,
+                                                              bool head_request) {
   Impl& s = *impl_;
   const Deadline deadline(timeout);
   for (;;) {
     try {
-      if (auto parsed = try_parse_response(s.inbox, s.eof)) {
+      if (auto parsed = try_parse_response(s.inbox, s.eof, head_request)) {
         std::string bytes = s.inbox.substr(0, parsed->second);
         s.inbox.erase(0, parsed->second);
         return bytes;
@@ -416,18 +408,65 @@ std::string RawConnection::read_response_bytes(Millis timeout) {
       return std::exchange(s.inbox, {});
     }
     if (!s.read_more(deadline.remaining())) {
-      throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
-                    "; received so far: \"" + printable(s.inbox) + "\"");
+      return std::nullopt;
     }
   }
 }
 
-HttpResponse RawConnection::read_response(Millis timeout) {
-  const std::string bytes = read_response_bytes(timeout);
-  if (bytes.empty()) {
-    throw Failure(impl_->where + " closed the connection without a response");
+std::string RawConnection::read_response_bytes(Millis timeout) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, false);
+  if (!bytes) {
+    throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
+                  "; received so far: \"" + printable(s.inbox) + "\"");
   }
-  return parse_response(bytes, impl_->eof);
+  return std::move(*bytes);
+}
+
+HttpResponse RawConnection::read_response(Millis timeout, bool head_request) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, head_request);
+  if (!bytes) {
+    throw Failure("no complete response from " + s.where + " within " + ms(timeout) +
+                  "; received so far: \"" + printable(s.inbox) + "\"");
+  }
+  if (bytes->empty()) {
+    throw Failure(s.where + " closed the connection without a response");
+  }
+  return parse_response(*bytes, s.eof, head_request);
+}
+
+std::optional<HttpResponse> RawConnection::next_response(Millis timeout, bool head_request) {
+  Impl& s = *impl_;
+  auto bytes = next_response_bytes(timeout, head_request);
+  if (!bytes || bytes->empty()) {
+    return std::nullopt;
+  }
+  try {
+    return parse_response(*bytes, s.eof, head_request);
+  } catch (const Failure&) {
+    return std::nullopt;  // truncated or not HTTP: no response either
+  }
+}
+
+bool RawConnection::try_send(std::string_view bytes, Millis timeout) {
+  try {
+    send(bytes, timeout);
+    return true;
+  } catch (const Failure&) {
+    return false;
+  }
+}
+
+bool RawConnection::closed_by_peer(Millis timeout) {
+  Impl& s = *impl_;
+  if (!s.inbox.empty()) {
+    return false;
+  }
+  if (!s.eof && !s.read_more(timeout)) {
+    return false;  // still open
+  }
+  return s.inbox.empty() && s.eof;
 }
 
 std::string RawConnection::read_until_close(Millis timeout) {
@@ -482,7 +521,8 @@ std::string raw_exchange(std::uint16_t port, std::string_view bytes, Millis time
 // ---------------------------------------------------------------------------- parsing
 
 std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::string_view raw,
-                                                                       bool eof) {
+                                                                       bool eof,
+                                                                       bool head_request) {
   if (raw.empty()) {
     if (!eof) {
       return std::nullopt;
@@ -493,6 +533,9 @@ std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::stri
   parser.header_limit(kHeaderLimit);
   parser.body_limit(kBodyLimit);
   parser.eager(true);
+  if (head_request) {
+    parser.skip(true);  // the Content-Length describes a body that is not sent
+  }
   std::size_t used = 0;
   error_code ec;
   while (!parser.is_done()) {
@@ -524,12 +567,12 @@ std::optional<std::pair<HttpResponse, std::size_t>> try_parse_response(std::stri
   return std::make_pair(to_response(parser.release()), used);
 }
 
-HttpResponse parse_response(std::string_view raw, bool eof) {
-  auto parsed = try_parse_response(raw, eof);
+HttpResponse parse_response(std::string_view raw, bool eof, bool head_request) {
+  auto parsed = try_parse_response(raw, eof, head_request);
   if (!parsed) {
     throw Failure("incomplete HTTP response: \"" + printable(raw) + "\"");
   }
   return std::move(parsed->first);
 }
 
-}  // namespace idem::it
+}  // namespace idem::test

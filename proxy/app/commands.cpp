@@ -1,0 +1,159 @@
+#include "app/commands.hpp"
+
+#include <algorithm>
+#include <csignal>
+#include <functional>
+#include <iostream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <spdlog/spdlog.h>
+
+#include "app/config.hpp"
+#include "app/sidecar.hpp"
+#include "observability/logging.hpp"
+#include "store/migrations.hpp"
+
+namespace idem::app {
+namespace {
+
+// database.migrate: bring the schema up to date, or refuse to serve on one that is behind.
+bool prepare_database(const settings::Settings& cfg, const std::string& path) {
+  try {
+    switch (cfg.database.migrate) {
+      case settings::MigrateMode::automatic: {
+        const auto report = store::apply_migrations(cfg.database.url, cfg.database.connect_timeout);
+        for (int v : report.applied) spdlog::info("applied migration {}", v);
+        return true;
+      }
+      case settings::MigrateMode::check: {
+        const auto check = store::check_schema(cfg.database.url, cfg.database.connect_timeout);
+        if (check.status == store::SchemaStatus::current) return true;
+        spdlog::critical("database schema is not current ({}); run `idemproxy migrate --config {}` "
+                         "or set database.migrate: auto",
+                         check.detail, path);
+        return false;
+      }
+      case settings::MigrateMode::off:
+        return true;
+    }
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot prepare the database: {}", e.what());
+    return false;
+  }
+  return false;
+}
+
+// SIGHUP: an invalid file keeps the running configuration and says why.
+void reload(Sidecar& sidecar, const std::string& path) {
+  try {
+    const auto loaded = load_runtime(path);
+    auto plan = plan_reload(loaded->settings(), sidecar.runtime()->settings(),
+                            sidecar.change_feed_running());
+    for (const auto& key : plan.restart_only) {
+      spdlog::warn("reload: {} changed; it applies only after a restart", key);
+    }
+    auto next = gateway::Runtime::build(std::move(plan.effective));
+    obs::setup_logging(next->settings().log);
+    sidecar.apply(std::move(next));
+    spdlog::info("configuration reloaded from {}", path);
+  } catch (const settings::ConfigError& e) {
+    spdlog::error("reload refused, keeping the running configuration: {}", e.full_message());
+  } catch (const std::exception& e) {
+    spdlog::error("reload refused, keeping the running configuration: {}", e.what());
+  }
+}
+
+// Lets in-flight requests finish, up to limits.drain_timeout as configured when the
+// signal came, or until a second signal cuts it short. A request cut off here leaves its
+// row in progress with a lease nobody renews: a retry takes over once the lease lapses (at
+// most `lease` later), with a higher attempt and the same operation id, as after a crash.
+void drain(Sidecar& sidecar, asio::io_context& signals_ioc, const bool& cut_short) {
+  const auto deadline = SteadyClock::now() + sidecar.runtime()->settings().limits.drain_timeout;
+  while (sidecar.open_connections() > 0 && !cut_short && SteadyClock::now() < deadline) {
+    const auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
+    signals_ioc.run_for(std::clamp(left, Millis{1}, Millis{20}));
+  }
+  if (const auto open = sidecar.open_connections(); open > 0) {
+    spdlog::warn("drain ended with {} connections still open; their records stay in progress "
+                 "and a retry takes over once the lease lapses", open);
+  } else {
+    spdlog::info("drained: every in-flight request has been answered");
+  }
+}
+
+}  // namespace
+
+int serve(const std::string& path, const std::string& version) {
+  const auto runtime = load_runtime(path);
+  obs::setup_logging(runtime->settings().log);
+  if (!prepare_database(runtime->settings(), path)) return kExitFailure;
+
+  // Installed before any worker starts, so an early SIGTERM drains instead of killing.
+  asio::io_context signals_ioc{1};
+  asio::signal_set signals(signals_ioc, SIGINT, SIGTERM, SIGHUP);
+
+  std::unique_ptr<Sidecar> sidecar;
+  try {
+    sidecar = std::make_unique<Sidecar>(runtime);
+    sidecar->start();
+  } catch (const std::exception& e) {
+    spdlog::critical("cannot start: {}", e.what());
+    if (sidecar) sidecar->stop();
+    return kExitFailure;
+  }
+  spdlog::info("idemproxy {} {}", version, sidecar->summary());
+
+  // SIGHUP reloads at any time. The first SIGTERM/SIGINT starts the drain; another one
+  // during the drain cuts it short (an operator who asks twice means it).
+  bool draining = false;
+  bool cut_short = false;
+  std::function<void(const error_code&, int)> on_signal = [&](const error_code& ec, int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      reload(*sidecar, path);
+    } else if (!draining) {
+      spdlog::info("signal {}: draining (no new connections; in-flight requests may take up "
+                   "to limits.drain_timeout)", sig);
+      draining = true;
+      sidecar->begin_drain();
+    } else {
+      spdlog::warn("signal {} during the drain: stopping now", sig);
+      cut_short = true;
+    }
+    signals.async_wait(on_signal);
+  };
+  signals.async_wait(on_signal);
+  while (!draining) signals_ioc.run_one();
+  drain(*sidecar, signals_ioc, cut_short);
+  sidecar->stop();
+  spdlog::info("stopped");
+  spdlog::shutdown();
+  return kExitOk;
+}
+
+int migrate(const std::string& path) {
+  const auto rt = load_runtime(path);
+  const auto& db = rt->settings().database;
+  try {
+    const auto report = store::apply_migrations(db.url, db.connect_timeout);
+    if (report.applied.empty()) {
+      std::cout << "schema is current (version " << report.current_version << ")\n";
+    } else {
+      for (int v : report.applied) std::cout << "applied migration " << v << "\n";
+      std::cout << "schema is now at version " << report.current_version << "\n";
+    }
+    return kExitOk;
+  } catch (const std::exception& e) {
+    std::cerr << "idemproxy: migrate failed: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}
+
+int check_config(const std::string& path) {
+  const auto rt = load_runtime(path);
+  std::cout << settings::render_effective(rt->settings());
+  return kExitOk;
+}
+
+}  // namespace idem::app

@@ -1,0 +1,62 @@
+#include "app/config.hpp"
+
+namespace idem::app {
+
+std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path) {
+  auto s = settings::load_file(path);
+  if (s->workers > s->database.pool_size) {
+    throw settings::ConfigError(path, 0, "database.pool_size",
+                                "must be at least `workers` (" + std::to_string(s->workers) +
+                                    "): every worker needs its own connection");
+  }
+  return gateway::Runtime::build(s);
+}
+
+namespace {
+
+bool same_endpoint(const settings::Endpoint& a, const settings::Endpoint& b) {
+  return a.host == b.host && a.port == b.port;
+}
+
+bool same_endpoint(const std::optional<settings::Endpoint>& a,
+                   const std::optional<settings::Endpoint>& b) {
+  return a.has_value() == b.has_value() && (!a || same_endpoint(*a, *b));
+}
+
+bool same_upstream(const settings::UpstreamSettings& a, const settings::UpstreamSettings& b) {
+  return a.url == b.url && a.connect_timeout == b.connect_timeout &&
+         a.response_timeout == b.response_timeout && a.max_response_body == b.max_response_body;
+}
+
+bool same_database(const settings::DatabaseSettings& a, const settings::DatabaseSettings& b) {
+  return a.url == b.url && a.pool_size == b.pool_size && a.connect_timeout == b.connect_timeout &&
+         a.statement_timeout == b.statement_timeout;
+}
+
+}  // namespace
+
+ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings& running,
+                       bool change_listener_running) {
+  ReloadPlan plan;
+  plan.effective = std::make_shared<settings::Settings>(next);
+  auto& e = *plan.effective;
+  auto keep = [&](const char* key, auto& field, const auto& current, bool same) {
+    if (!same) plan.restart_only.emplace_back(key);
+    field = current;
+  };
+  keep("listen", e.listen, running.listen, same_endpoint(next.listen, running.listen));
+  keep("upstream", e.upstream, running.upstream, same_upstream(next.upstream, running.upstream));
+  keep("database", e.database, running.database, same_database(next.database, running.database));
+  keep("workers", e.workers, running.workers, next.workers == running.workers);
+  // The admin listener is bound once too; its token, read per request, does reload.
+  keep("admin.listen", e.admin.listen, running.admin.listen,
+       same_endpoint(next.admin.listen, running.admin.listen));
+  // The cache can only serve with the change listener, which starts with the process.
+  if (!change_listener_running) {
+    keep("replay_cache.enabled", e.replay_cache.enabled, running.replay_cache.enabled,
+         next.replay_cache.enabled == running.replay_cache.enabled);
+  }
+  return plan;
+}
+
+}  // namespace idem::app

@@ -1,0 +1,105 @@
+// The reload policy: what a SIGHUP applies at once and what waits for a restart.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "app/config.hpp"
+
+using namespace idem;
+
+namespace {
+
+settings::Settings base() {
+  settings::Settings s;
+  s.listen = {"127.0.0.1", 8080};
+  s.upstream.url = "http://127.0.0.1:3000";
+  s.upstream.host = "127.0.0.1";
+  s.upstream.port = 3000;
+  s.database.url = "postgresql://db/orders";
+  s.workers = 2;
+  s.admin.listen = settings::Endpoint{"127.0.0.1", 9901};
+  s.admin.token = "old-token";
+  s.replay_cache.enabled = true;
+  settings::RouteSettings r;
+  r.name = "create-order";
+  r.wait = Millis{5000};
+  s.routes.push_back(r);
+  return s;
+}
+
+bool lists(const app::ReloadPlan& p, std::string_view key) {
+  return std::find(p.restart_only.begin(), p.restart_only.end(), key) != p.restart_only.end();
+}
+
+}  // namespace
+
+TEST_CASE("reload: an unchanged file plans nothing for a restart") {
+  const auto running = base();
+  const auto plan = app::plan_reload(running, running, true);
+  CHECK(plan.restart_only.empty());
+}
+
+TEST_CASE("reload: routes, limits, logging, cleanup and the admin token apply at once") {
+  const auto running = base();
+  auto next = base();
+  next.routes.front().wait = Millis{100};
+  next.limits.max_request_body = 1234;
+  next.log.level = settings::LogLevel::debug;
+  next.cleanup.batch = 7;
+  next.admin.token = "new-token";
+  next.replay_cache.max_bytes = 99;
+  const auto plan = app::plan_reload(next, running, true);
+  CHECK(plan.restart_only.empty());
+  CHECK(plan.effective->routes.front().wait == Millis{100});
+  CHECK(plan.effective->limits.max_request_body == 1234);
+  CHECK(plan.effective->log.level == settings::LogLevel::debug);
+  CHECK(plan.effective->cleanup.batch == 7);
+  CHECK(plan.effective->admin.token == "new-token");
+  CHECK(plan.effective->replay_cache.max_bytes == 99);
+}
+
+TEST_CASE("reload: what is bound at start-up keeps its running value and is named") {
+  const auto running = base();
+  auto next = base();
+  next.listen.port = 8081;
+  next.upstream.url = "http://127.0.0.1:4000";
+  next.upstream.port = 4000;
+  next.database.statement_timeout = Millis{9000};
+  next.workers = 4;
+  next.admin.listen.reset();
+  next.routes.front().wait = Millis{100};  // still applied
+  const auto plan = app::plan_reload(next, running, true);
+  CHECK(plan.restart_only.size() == 5);
+  for (const char* key : {"listen", "upstream", "database", "workers", "admin.listen"}) {
+    CAPTURE(key);
+    CHECK(lists(plan, key));
+  }
+  const auto& e = *plan.effective;
+  CHECK(e.listen.port == 8080);
+  CHECK(e.upstream.port == 3000);
+  CHECK(e.upstream.url == "http://127.0.0.1:3000");
+  CHECK(e.database.statement_timeout == running.database.statement_timeout);
+  CHECK(e.workers == 2);
+  REQUIRE(e.admin.listen.has_value());
+  CHECK(e.admin.listen->port == 9901);
+  CHECK(e.routes.front().wait == Millis{100});
+}
+
+TEST_CASE("reload: the replay cache switches only with a running change feed") {
+  const auto running = base();
+  auto next = base();
+  next.replay_cache.enabled = false;
+  SUBCASE("feed running: the cache can be switched off") {
+    const auto plan = app::plan_reload(next, running, true);
+    CHECK_FALSE(plan.effective->replay_cache.enabled);
+    CHECK(plan.restart_only.empty());
+  }
+  SUBCASE("no feed (started disabled): enabling it waits for a restart") {
+    auto off = base();
+    off.replay_cache.enabled = false;
+    auto on = base();
+    const auto plan = app::plan_reload(on, off, false);
+    CHECK_FALSE(plan.effective->replay_cache.enabled);
+    CHECK(lists(plan, "replay_cache.enabled"));
+  }
+}
