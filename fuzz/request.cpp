@@ -1,16 +1,19 @@
 // Fuzz target "request": the client side of a connection as the session reads it.
 //
 // Input: the bytes a client sends on one connection (possibly several pipelined requests).
-// The harness replays proxy/server/server.cpp's read loop synchronously: Beast's
-// request_parser with the session's header_limit / body_limit settings, inspect_framing on
-// the parsed header, the 413 check on Content-Length, then the body, request after request
-// while the connection stays open. MIRROR: keep run_session() in step with
-// Session::run() in server.cpp when the session's parser configuration changes.
+// The harness replays proxy/server/server.cpp's read loop (Session::serve()) synchronously:
+// the listener's MessageParser (common/message_parser.hpp) with the session's header, body
+// and metadata limits, the whole-header byte count, inspect_framing, prepare_request_head
+// (Host rules, target normalization, Connection), the 413 check on Content-Length, then the
+// body with the session's buffer cap, request after request while the connection stays
+// open. MIRROR: keep run_session() in step with Session::serve() when the session's reads
+// change.
 //
 // Properties, for two sets of limits (the defaults and tiny ones):
 //   1. Unambiguous: every request the sidecar accepts reads exactly the same under the
 //      strict RFC 9112 reference (support/reference_http): same method, target, version,
-//      field lines (names and values, header then trailer section), decoded body, and the
+//      header field lines (names and values; trailer fields are never among them, and the
+//      header is the same after the body as before it), decoded body, and the
 //      same end of message, so a backend that parses by the RFC cannot see a different
 //      request, nor a different start of the next one (no smuggling).
 //   2. Framing: inspect_framing refuses exactly what the documented policy refuses, computed
@@ -18,14 +21,22 @@
 //      max_request_body.
 //   3. Segmentation does not matter: delivering the bytes in small random pieces (as TCP
 //      may) yields the same requests and the same way of ending the connection.
+//   4. Limits: an accepted header, start line included, is at most max_header_bytes; its
+//      chunk extensions and trailer fields are counted as the reference counts them and
+//      together at most max_header_bytes; every trailer field is counted and discarded.
+//   5. Host: an accepted request has exactly one Host field (HTTP/1.1) or at most one
+//      (HTTP/1.0), by the reference's reading of the header.
 //
 // The code under test, whose line coverage scripts/fuzz --coverage reports:
 // covers: proxy/server/framing.cpp
+// covers: proxy/server/request_head.cpp
+// covers: proxy/common/message_parser.hpp
 // (Beast's parser is covered too, but clang emits no line coverage for system headers:
 // libFuzzer's cov/ft counts include it.)
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <string_view>
@@ -35,10 +46,11 @@
 #include <boost/asio/error.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http/read.hpp>
-#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "common/message_parser.hpp"
 #include "server/framing.hpp"
+#include "server/request_head.hpp"
 #include "support/check.hpp"
 #include "support/reference_http.hpp"
 
@@ -89,11 +101,25 @@ struct Limits {
   std::size_t max_request_body;
 };
 
+// MIRROR: server.cpp's read sizes.
+constexpr std::size_t kIdleReadSize = 1024;
+constexpr std::size_t kChunkLineSlack = 256;
+
+using FieldLines = std::vector<std::pair<std::string, std::string>>;
+
+FieldLines field_lines(const http::fields& fields) {
+  FieldLines out;
+  for (const auto& f : fields) out.emplace_back(std::string(f.name_string()), std::string(f.value()));
+  return out;
+}
+
 struct Accepted {
   std::string method, target;
   unsigned version = 0;
-  std::vector<std::pair<std::string, std::string>> fields;
+  FieldLines fields;  // as parsed, before the head rules
   std::string body;
+  std::size_t metadata = 0;        // chunk extension and trailer bytes the parser counted
+  std::size_t trailer_fields = 0;  // trailer fields it discarded
   idem::server::BodyFraming framing{};
   std::size_t header_end = 0;  // offset just past the header section
   std::size_t end = 0;         // offset just past the message
@@ -118,6 +144,22 @@ struct Outcome {
   }
 };
 
+// Session::refuse_body()'s order: the body limit, the metadata budget (or the buffer cap
+// on an unfinished chunk line or trailer), anything else.
+std::string body_refusal(const error_code& ec, const idem::http_parse::MessageParser<true>& parser,
+                         const boost::beast::flat_buffer& buffer) {
+  auto overflow = parser.overflow();
+  if (ec == http::error::buffer_overflow) {
+    const auto pending = buffer.cdata();
+    overflow = idem::http_parse::pending_overflow(
+        std::string_view(static_cast<const char*>(pending.data()), pending.size()));
+  }
+  if (ec == http::error::body_limit) return "413 body";
+  if (overflow == idem::http_parse::Overflow::trailer) return "431 trailer";
+  if (overflow == idem::http_parse::Overflow::chunk_extensions) return "400 extensions";
+  return "body: " + ec.message();
+}
+
 std::string describe(const Outcome& o) {
   std::string s = std::to_string(o.requests.size()) + " request(s), ended: " + o.ended;
   for (const auto& r : o.requests) {
@@ -127,45 +169,42 @@ std::string describe(const Outcome& o) {
   return s;
 }
 
-// Session::run() in server.cpp, synchronously and without the handler. One function, step
-// for step like the session's loop (idle read, header, framing, 413, body, keep-alive), so
-// the two can be read side by side when either changes.
+// What Session::serve() in server.cpp does with one connection's bytes, synchronously and
+// without the handler: one function, phase for phase like the session (idle read, head:
+// header, framing and head rules, 413; body; keep-alive), so the two read side by side
+// when either changes. Over ~80 lines for that reason.
 Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
   PieceStream stream(input, pieces);
   boost::beast::flat_buffer buffer;
   Outcome out;
   const auto consumed = [&] { return stream.delivered() - buffer.size(); };
   for (int n = 0; n < 16; ++n) {
-    if (buffer.size() == 0) {  // idle: the first read of the next request
+    if (buffer.size() == 0) {  // wait_for_request(): the first read of the next request
       error_code ec;
-      const std::size_t got = stream.read_some(buffer.prepare(1024), ec);
+      const std::size_t got = stream.read_some(buffer.prepare(kIdleReadSize), ec);
       buffer.commit(got);
       if (ec) {
         out.ended = "idle eof";
         return out;
       }
     }
+    // read_head()
     const std::size_t start = consumed();
-    http::request_parser<http::string_body> parser;
+    idem::http_parse::MessageParser<true> parser(limits.max_header_bytes);
     parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
     parser.body_limit(boost::none);
     error_code hec;
-    http::read_header(stream, buffer, parser, hec);
+    const std::size_t hn = http::read_header(stream, buffer, parser, hec);
+    if (hec == http::error::header_limit || (!hec && hn > limits.max_header_bytes)) {
+      out.ended = "431 header";
+      return out;
+    }
     if (hec) {
       out.ended = "header: " + hec.message();
       return out;
     }
     const std::size_t header_end = consumed();
-    if (header_end - start > limits.max_header_bytes) {
-      // OPEN FINDING (docs/fuzzing.md): when the whole header is in the buffer at once,
-      // Beast applies header_limit to the start line and to the field section separately,
-      // so a header of up to twice max_header_bytes passes, while the same bytes arriving in
-      // pieces get 431. The session does not count the header's bytes itself yet. The
-      // harness stops the connection here, as that check would, so the other properties
-      // keep being checked; once server.cpp refuses such a header, this is its mirror.
-      out.ended = "header: over max_header_bytes (the session still accepts it)";
-      return out;
-    }
+    IDEM_CHECK(hn == header_end - start, "read_header's count is not the header's bytes");
     const idem::server::FramingCheck framing = idem::server::inspect_framing(parser.get());
     out.header_parsed = true;
     out.header_framing = framing.framing;
@@ -177,32 +216,47 @@ Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
       out.ended = "400 framing";
       return out;
     }
+    // The request as parsed, for the comparison with the reference (the head rules below
+    // rewrite the target and Host).
+    Accepted a;
+    a.method = std::string(parser.get().method_string());
+    a.target = std::string(parser.get().target());
+    a.version = parser.get().version();
+    a.fields = field_lines(parser.get());
+    if (!idem::server::prepare_request_head(parser.get(), true).ok) {
+      out.ended = "400 head";
+      return out;
+    }
+    const FieldLines prepared = field_lines(parser.get());
     if (framing.framing == idem::server::BodyFraming::length &&
         framing.length > limits.max_request_body) {
       out.ended = "413 content-length";
       return out;
     }
+    // read_body()
     if (!parser.is_done()) {
       parser.body_limit(limits.max_request_body);
+      buffer.max_size(std::max(buffer.size(), limits.max_header_bytes + kChunkLineSlack));
       error_code bec;
       http::read(stream, buffer, parser, bec);
+      buffer.max_size(std::numeric_limits<std::size_t>::max());
       if (bec) {
-        out.ended = "body: " + bec.message();
+        out.ended = body_refusal(bec, parser, buffer);
         return out;
       }
     }
     out.header_parsed = false;
-    const auto& req = parser.get();
-    Accepted a;
-    a.method = std::string(req.method_string());
-    a.target = std::string(req.target());
-    a.version = req.version();
-    for (const auto& f : req) a.fields.emplace_back(std::string(f.name_string()), std::string(f.value()));
-    a.body = req.body();
+    // Trailers never join the header: after the body it is the one the head rules left.
+    IDEM_CHECK(field_lines(parser.get()) == prepared,
+               "the header changed while the body was read (" + std::to_string(parser.trailer_fields()) +
+                   " trailer fields)");
+    a.body = parser.get().body();
     a.framing = framing.framing;
     a.header_end = header_end;
     a.end = consumed();
-    const bool keep_alive = req.keep_alive();
+    a.metadata = parser.metadata_bytes();
+    a.trailer_fields = parser.trailer_fields();
+    const bool keep_alive = parser.get().keep_alive();
     out.requests.push_back(std::move(a));
     if (!keep_alive) {
       out.ended = "close";
@@ -259,8 +313,7 @@ void check_against_reference(std::string_view input, const Limits& limits, const
     IDEM_CHECK(a.method == r.method, where + ": method " + printable(a.method) + " vs " + printable(r.method));
     IDEM_CHECK(a.target == r.target, where + ": target " + printable(a.target) + " vs " + printable(r.target));
     IDEM_CHECK(a.version == static_cast<unsigned>(r.version), where + ": version");
-    std::vector<rh::Field> all = r.fields;
-    all.insert(all.end(), r.trailers.begin(), r.trailers.end());
+    std::vector<rh::Field> all = r.fields;  // the header section only: trailers are discarded
     // Beast keeps fields of one name together (a repeated field is inserted after the last
     // one of its name), which RFC 9110 §5.3 allows: only the order of same-name lines
     // matters. Compare both lists grouped by name, each group in its received order.
@@ -281,9 +334,25 @@ void check_against_reference(std::string_view input, const Limits& limits, const
                            printable(all[k].value));
     }
     IDEM_CHECK(to_server(r.framing) == a.framing, where + ": framing differs");
+    // Trailers and extensions: discarded, but counted against the budget as the reference
+    // counts them.
+    IDEM_CHECK(a.trailer_fields == r.trailers.size(), where + ": " + std::to_string(a.trailer_fields) +
+                                                          " trailer fields vs " + std::to_string(r.trailers.size()));
+    const bool folded = std::any_of(r.trailers.begin(), r.trailers.end(), [](const rh::Field& f) { return f.folded; });
+    IDEM_CHECK(folded || a.metadata == r.extension_bytes + r.trailer_bytes,
+               where + ": chunk metadata counted " + std::to_string(a.metadata) + " vs " +
+                   std::to_string(r.extension_bytes) + " + " + std::to_string(r.trailer_bytes));
+    IDEM_CHECK(a.metadata <= limits.max_header_bytes, where + ": chunk metadata over the budget accepted");
+    // RFC 9112 §3.2: exactly one Host in HTTP/1.1, at most one in HTTP/1.0.
+    const auto hosts = std::count_if(r.fields.begin(), r.fields.end(),
+                                     [](const rh::Field& f) { return lower(f.name) == "host"; });
+    IDEM_CHECK(hosts == 1 || (hosts == 0 && r.version == 10),
+               where + ": accepted with " + std::to_string(hosts) + " Host fields");
     IDEM_CHECK(a.body == r.body, where + ": body of " + std::to_string(a.body.size()) + " bytes vs " +
                                      std::to_string(r.body.size()));
     IDEM_CHECK(a.body.size() <= limits.max_request_body, where + ": body above max_request_body");
+    IDEM_CHECK(ref.header_end - offset <= limits.max_header_bytes,
+               where + ": a header of " + std::to_string(ref.header_end - offset) + " bytes accepted");
     IDEM_CHECK(a.header_end == ref.header_end, where + ": header ends at " + std::to_string(a.header_end) +
                                                    " vs " + std::to_string(ref.header_end));
     IDEM_CHECK(a.end == r.end, where + ": message ends at " + std::to_string(a.end) + " vs " +

@@ -169,8 +169,10 @@ void read_chunked(Reader& r, Request& req) {
     }
     if (i == 0) throw Invalid{"chunk size expected"};
     check_chunk_ext(l.substr(i));
+    req.extension_bytes += l.size() - i;
     if (size == 0) {
       req.trailers = r.fields();
+      for (const Field& f : req.trailers) req.trailer_bytes += f.name.size() + f.value.size() + 4;
       return;
     }
     req.body.append(r.bytes(size));

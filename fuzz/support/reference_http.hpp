@@ -28,6 +28,11 @@ struct Request {
   Framing framing = Framing::none;
   std::uint64_t length = 0;  // framing == length
   std::string body;          // decoded (de-chunked) content
+  // Chunk metadata, as the listener budgets it (common/message_parser.hpp): the bytes of
+  // every chunk's extensions (after the size, before the CRLF), and of the trailer fields
+  // counted as name + value + 4 ("name: value\r\n" with the value OWS-trimmed).
+  std::size_t extension_bytes = 0;
+  std::size_t trailer_bytes = 0;
   std::size_t end = 0;       // offset just past the message
 };
 
