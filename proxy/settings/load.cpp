@@ -1,6 +1,7 @@
 // YAML -> Settings. The walk is explicit (one function per section, one line per key) rather
 // than table-driven: every key's type, range and error message is visible next to its name,
 // and the struct defaults in settings.hpp stay the single source of default values.
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -767,24 +768,108 @@ Settings parse_root(const Loader& L, const Item& root) {
   return s;
 }
 
+// yaml-cpp resolves an alias to the anchored node itself, so a document is a graph, not a
+// tree: an alias inside its own anchor (`&a [1, *a]`) is a cycle that every walk below
+// would follow until the stack overflows, and aliases of aliases expand exponentially
+// ("billion laughs": a few hundred bytes that render to gigabytes of fingerprint defaults).
+// Either would crash a running proxy on reload instead of refusing the file. Both are
+// refused by bounding the nodes a walk of the expanded document visits; the walk itself
+// keeps its own stack, so it is safe on the documents it refuses. Found by fuzz/config.
+constexpr std::size_t kMaxExpandedNodes = 100'000;
+
+void check_expansion(const YAML::Node& root, const std::string& file) {
+  std::vector<YAML::Node> pending{root};  // copies share the node (never assign: it writes)
+  std::size_t visited = 0;
+  while (!pending.empty()) {
+    const YAML::Node n = pending.back();
+    pending.pop_back();
+    if (++visited > kMaxExpandedNodes) {
+      throw ConfigError(file, line_of(n, 0), "",
+                        "the document expands to more than " + std::to_string(kMaxExpandedNodes) +
+                            " YAML nodes (counting an alias each time it is used): an alias "
+                            "inside its own anchor, or aliases of aliases nested too deeply");
+    }
+    if (n.IsSequence()) {
+      for (const auto& child : n) pending.push_back(child);
+    } else if (n.IsMap()) {
+      for (const auto& kv : n) {
+        pending.push_back(kv.first);
+        pending.push_back(kv.second);
+      }
+    }
+  }
+}
+
+// Watches the parser's events for the first two documents without building them: how many
+// there are, where each starts (a second document that starts where the first did means the
+// parser made no progress), and the line of the second one's first node (for the error).
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  int documents() const noexcept { return documents_; }
+  bool progressed() const noexcept { return documents_ < 2 || starts_[1] != starts_[0]; }
+  int second_line() const noexcept { return second_line_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (documents_ < 2) starts_[documents_] = mark.pos;
+    ++documents_;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents_ == 2 && second_line_ == 0) second_line_ = mark.is_null() ? 0 : mark.line + 1;
+  }
+
+  int documents_ = 0;
+  int starts_[2] = {0, 0};
+  int second_line_ = 0;
+};
+
 }  // namespace
 
 namespace detail {
 
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
                                           const EnvLookup& env) {
-  std::vector<YAML::Node> docs;
+  YAML::Node root;
+  DocumentProbe probe;
   try {
-    docs = YAML::LoadAll(yaml);
+    // Never YAML::LoadAll: it loops until the parser reports the end of the stream, and
+    // on a stream that starts with ',' yaml-cpp 0.7 yields empty documents forever without
+    // consuming anything, so a one-character typo made the process allocate until it died
+    // (found by fuzz/config). Two documents are all we need to see.
+    std::istringstream in(yaml);
+    YAML::Parser parser(in);
+    while (probe.documents() < 2 && parser.HandleNextDocument(probe)) {
+    }
+    if (probe.documents() > 0) root = YAML::Load(yaml);  // the first document only
   } catch (const YAML::Exception& e) {
     const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
     throw ConfigError(name, line, "", "YAML syntax error: " + e.msg);
   }
-  if (docs.size() > 1) {
-    throw ConfigError(name, line_of(docs[1], 0), "", "expected one YAML document, found several");
+  if (probe.documents() > 1) {
+    if (!probe.progressed()) {
+      throw ConfigError(name, probe.second_line(), "",
+                        "YAML syntax error: unexpected character (the parser cannot go on from here)");
+    }
+    throw ConfigError(name, probe.second_line(), "", "expected one YAML document, found several");
   }
   const Loader loader(name, env);
-  const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
+  check_expansion(root, name);
   auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
   s->source_file = name;
   return s;

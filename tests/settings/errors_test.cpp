@@ -57,6 +57,17 @@ TEST_CASE("YAML syntax errors carry their line") {
   CHECK_CONFIG_ERROR("upstream:\n  url: http://h\n bad: indent\n", 3, "", "YAML syntax error");
   CHECK_CONFIG_ERROR(kMinimal + "---\nlisten: \"a:1\"\n", 6, "", "one YAML document");
   CHECK_CONFIG_ERROR("- a\n- b\n", 1, "", "expected a mapping");
+  CHECK_CONFIG_ERROR(kMinimal + "---\n---\nlisten: \"a:1\"\n", 6, "", "one YAML document");
+}
+
+// Found by fuzz/config: yaml-cpp yields endless empty documents for a stream that starts
+// with ',', and the loader used to collect them until memory ran out.
+TEST_CASE("a stream yaml-cpp cannot get past is a syntax error, not an endless loop") {
+  for (const char* text : {",", ",a", ", {upstream: x}", "\n\n  ,\n"}) {
+    CAPTURE(text);
+    const auto f = failure(text);
+    CHECK(f.what.find("YAML syntax error") != std::string::npos);
+  }
 }
 
 TEST_CASE("wrong value types") {
