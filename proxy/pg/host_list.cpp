@@ -1,5 +1,6 @@
 #include "pg/host_list.hpp"
 
+#include <cstdlib>
 #include <string_view>
 
 #include <boost/asio/ip/address.hpp>
@@ -101,3 +102,29 @@ std::vector<std::string> session_attrs_passes(const std::string& attrs, std::siz
 }
 
 }  // namespace idem::pg::detail
+
+namespace idem::pg {
+
+std::vector<KeywordValues> connect_attempts(const std::string& conninfo, std::string& error) {
+  const detail::HostPlan plan =
+      detail::plan_hosts(conninfo, [](const char* name) { return std::getenv(name); });
+  std::vector<KeywordValues> out;
+  if (!plan.error.empty()) {
+    error = plan.error;
+    return out;
+  }
+  for (const std::string& attrs :
+       detail::session_attrs_passes(plan.session_attrs, plan.targets.size())) {
+    for (const detail::HostTarget& t : plan.targets) {
+      KeywordValues kv = plan.common;
+      if (!t.host.empty()) kv.emplace_back("host", t.host);
+      if (!t.hostaddr.empty()) kv.emplace_back("hostaddr", t.hostaddr);
+      if (!t.port.empty()) kv.emplace_back("port", t.port);
+      if (!attrs.empty()) kv.emplace_back("target_session_attrs", attrs);
+      out.push_back(std::move(kv));
+    }
+  }
+  return out;
+}
+
+}  // namespace idem::pg

@@ -3,13 +3,20 @@
 // name lookup, no socket; connection.cpp resolves names and drives the attempts.
 //
 // libpq tries a multi-host list (host=a,b or postgresql://a:1,b:2/...) in order and moves
-// on when a host fails or does not match target_session_attrs. Its connect_timeout, which
-// bounds each host separately, only exists in its blocking connect: with PQconnectPoll
-// the caller keeps time. Handing libpq the whole list under one deadline would let a host
-// that never answers (a crashed machine, a partition: no RST, only silence) use up the
-// time of every host after it, so a failover to the second host could never happen.
-// Instead each host gets its own attempt with the whole connect_timeout, exactly the
-// order libpq would follow:
+// on when a host cannot be reached or does not match target_session_attrs. Handing it
+// the whole list falls short during a failover in two ways:
+//   * its connect_timeout, which bounds each host separately, only exists in its blocking
+//     connect: with PQconnectPoll the caller keeps time, and one deadline over the list
+//     lets a host that never answers (a crashed machine, a partition: no RST, only
+//     silence) use up the time of every host after it;
+//   * a server that answers the startup with an error ends the whole connect, the hosts
+//     after it untried (libpq moves on after 57P03 "the database system is starting up"
+//     only): a standby out of connection slots (53300), one that has not replayed a new
+//     database yet (3D000), one that refuses this role. Any of them before the primary in
+//     the list would keep every new session from reaching the primary.
+// So each host gets its own attempt, with the whole connect_timeout, and a failed attempt
+// moves on to the next whatever the reason (the one departure from libpq: a host is never
+// skipped for an earlier one's error), in the order libpq would follow:
 //   * hosts, hostaddrs and ports are split as libpq splits them (one port for all, or one
 //     per host);
 //   * target_session_attrs is a property of one server (read-write, primary, standby,
@@ -59,3 +66,14 @@ std::vector<std::string> session_attrs_passes(const std::string& attrs, std::siz
 bool needs_lookup(const std::string& host);
 
 }  // namespace idem::pg::detail
+
+namespace idem::pg {
+
+// For blocking connects (migrations, which run before any event loop): the keyword/value
+// lists of every attempt, in order, each a complete set for PQconnectdbParams with
+// expand_dbname = 0. Names are left to libpq. Empty, with `error` set, when the string
+// does not parse.
+using KeywordValues = std::vector<std::pair<std::string, std::string>>;
+std::vector<KeywordValues> connect_attempts(const std::string& conninfo, std::string& error);
+
+}  // namespace idem::pg

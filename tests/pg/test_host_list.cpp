@@ -109,3 +109,26 @@ TEST_CASE("host_list: what needs a name lookup") {
   CHECK_FALSE(needs_lookup("@abstract"));
   CHECK_FALSE(needs_lookup(""));
 }
+
+TEST_CASE("host_list: blocking connects get one complete keyword list per attempt") {
+  std::string error;
+  const auto attempts = idem::pg::connect_attempts(
+      "postgresql://u@a:1,b:2/db?target_session_attrs=prefer-standby&sslmode=disable", error);
+  CHECK(error.empty());
+  REQUIRE(attempts.size() == 4);  // two passes over two hosts
+  const auto value = [](const idem::pg::KeywordValues& kv, const std::string& key) {
+    for (const auto& [k, v] : kv) {
+      if (k == key) return v;
+    }
+    return std::string("<none>");
+  };
+  CHECK(value(attempts[0], "host") == "a");
+  CHECK(value(attempts[0], "port") == "1");
+  CHECK(value(attempts[0], "target_session_attrs") == "standby");
+  CHECK(value(attempts[1], "host") == "b");
+  CHECK(value(attempts[2], "target_session_attrs") == "any");
+  CHECK(value(attempts[3], "dbname") == "db");
+  CHECK(value(attempts[3], "sslmode") == "disable");
+  CHECK(idem::pg::connect_attempts("host=a nonsense=1", error).empty());
+  CHECK_FALSE(error.empty());
+}

@@ -410,6 +410,33 @@ TEST_CASE("multi-host: a host that never answers costs its own connect_timeout, 
 
 }
 
+TEST_CASE("multi-host: a server that refuses the startup (out of slots) does not end the list") {
+  // libpq, given the whole list, stops at the first server that answers with an error.
+  test::FatalServer starting;
+  asio::io_context ctx;
+  const std::string port = std::to_string(
+      std::stoi(test::Db(test::database_url()).scalar("SHOW port").value()));
+  auto opts = options(1);
+  opts.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(starting.port()) +
+                  ",127.0.0.1:" + port +
+                  "/postgres?sslmode=disable&gssencmode=disable&target_session_attrs=read-write";
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  auto r = query(ctx, pool, "SELECT inet_server_port()");
+  REQUIRE_MESSAGE(r, pool->last_error_message());
+  CHECK(std::to_string(r->int64(0, 0).value_or(0)) == port);
+  CHECK(starting.answered() == 1);  // it was asked first, and said no
+
+  SUBCASE("alone, its refusal is the call's failure, with the server's words") {
+    opts.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(starting.port()) +
+                    "/postgres?sslmode=disable&gssencmode=disable";
+    auto alone = pg::Pool::create(ctx.get_executor(), opts);
+    auto failed = query(ctx, alone, "SELECT 1");
+    REQUIRE_FALSE(failed);
+    CHECK(pg::to_store_errc(failed.error()) == errc::store_unavailable);
+    CHECK(alone->last_error_message().find("too many clients") != std::string::npos);
+  }
+}
+
 TEST_CASE("multi-host: every host silent, each gets its budget, the call fails as a timeout") {
   asio::io_context ctx;
   SilentServer first(ctx);
