@@ -6,6 +6,8 @@
 --                completion in the sidecar)
 --   replay       POST /orders with a key drawn from 1..N (tenant bench-replay), all recorded
 --                beforehand (the sidecar answers from PostgreSQL; nginx forwards)
+--   orders       POST /orders with a fresh Idempotency-Key per request and an order the
+--                reference order API accepts: one real order (and outbox event) each
 --
 -- Every request carries the tenant header and the same JSON body. done() writes one line
 -- of key=value results to $BENCH_RESULT for scripts/bench to collect.
@@ -17,6 +19,9 @@ local result_file = os.getenv("BENCH_RESULT")
 
 local body = '{"customer_id":"c-42","currency":"EUR","amount":1000,' ..
              '"items":[{"sku":"A-1","qty":2}],"trace_id":"t-1"}'
+if mode == "orders" then
+  body = '{"customer_id":"c-42","currency":"EUR","amount":1000,"items":[{"sku":"A-1","qty":2}]}'
+end
 
 -- Each wrk thread has its own Lua state: setup() (main state) hands each a distinct id so
 -- that keys never collide across threads.
@@ -40,7 +45,7 @@ else
   function init(args)
     math.randomseed(os.time() + (thread_id or 0) * 7919)
   end
-  if mode == "new" then
+  if mode == "new" or mode == "orders" then
     function request()
       n = n + 1
       headers["Idempotency-Key"] = nonce .. "-" .. (thread_id or 0) .. "-" .. n

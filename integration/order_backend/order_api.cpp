@@ -29,6 +29,13 @@ struct OrderApi::Arrival {
   std::optional<std::string> operation_id;
   std::int64_t attempt = 0;  // 0: no sidecar in front (no operation id)
   std::optional<std::int64_t> fencing_token;  // X-Idempotency-Fencing-Token, if sent
+  // The record's lifetime from the sidecar's database clock (X-Idempotency-Record-Created,
+  // -Expires): what tells a new generation of a key from a retry (docs/backend.md).
+  std::optional<std::string> record_created;
+  std::optional<std::string> record_expires;
+  // X-Idempotency-Record, on routes with completion: backend: the record this request's
+  // transaction completes (idemproxy_complete, migration 0004 of the sidecar).
+  std::optional<std::string> record;
   Millis demo_delay{0};
   Fault fault = Fault::none;
   Millis fault_delay{0};
@@ -50,6 +57,7 @@ struct OrderApi::OrderRow {
   std::string created_at;
   std::int64_t attempt = 0;
   bool operation_expired = false;
+  std::string body;  // the 201 answer's body (demo_orders.order_body), rendered once
 };
 
 namespace {
@@ -73,16 +81,27 @@ constexpr const char* kCreateOrderThenFail = "create_order_then_fail";
 constexpr const char* kOrderByCheckout = "order_by_checkout";
 constexpr const char* kOrderById = "order_by_id";
 
-// Column order is the contract with decode_order(). created_at is rendered by the
-// database, once, so every answer about an order shows the same text.
-constexpr std::string_view kOrderColumns = R"sql(
-  order_id::text, tenant_id, checkout_id, customer_id, currency, amount, discount, total,
-  coupon, items::text,
-  to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
-  attempt, coalesce(operation_expires_at <= now(), false))sql";
+// Column order is the contract with decode_order(), over an order aliased `o`. created_at
+// and the body are rendered by the database, once, so every answer about an order shows
+// the same text. `expired_at_or_before`: the instant at which the operation id counts as
+// passed (an SQL expression).
+std::string order_columns(std::string_view expired_at_or_before = "now()") {
+  return R"sql(
+  o.order_id::text, o.tenant_id, o.checkout_id, o.customer_id, o.currency, o.amount,
+  o.discount, o.total, o.coupon, o.items::text,
+  to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+  o.attempt, coalesce(o.operation_expires_at <= )sql" +
+         std::string(expired_at_or_before) + R"sql(, false),
+  demo_orders.order_body(ROW(o.*)::demo_orders.orders))sql";
+}
+
+// An arrival whose record was created at or after the expiry stored for its operation id
+// belongs to a new generation of the key ($3: X-Idempotency-Record-Created). Without the
+// header (an older sidecar, a direct call) the API's own window decides: now().
+constexpr std::string_view kGenerationBoundary = "coalesce($3::timestamptz, now())";
 
 constexpr std::string_view kOrderByOperationWhere =
-    " FROM demo_orders.orders WHERE tenant_id = $1 AND operation_id = $2";
+    " FROM demo_orders.orders o WHERE o.tenant_id = $1 AND o.operation_id = $2";
 
 // The retention of the operation passed: the id now belongs to whatever new operation the
 // sidecar forwards under it. The old order keeps it for audits in retired_operation_id.
@@ -90,17 +109,19 @@ constexpr std::string_view kOrderByOperationWhere =
 constexpr const char* kRetireOperationSql = R"sql(
 UPDATE demo_orders.orders
 SET retired_operation_id = operation_id, operation_id = NULL
-WHERE tenant_id = $1 AND operation_id = $2 AND operation_expires_at <= now())sql";
+WHERE tenant_id = $1 AND operation_id = $2
+  AND operation_expires_at <= coalesce($3::timestamptz, now()))sql";
 
 // A later attempt of the operation reached us: remember it, and keep the operation id
-// valid for a full retention from now (the sidecar may take over again until its own
-// record expires). "attempt < $3" is the fence: a straggler of an older attempt matches
-// nothing and changes nothing.
+// valid as long as the sidecar's record may still forward it (its expiry as of this claim,
+// $5; without the header, a full retention from now). "attempt < $3" is the fence: a
+// straggler of an older attempt matches nothing and changes nothing.
 constexpr const char* kRecordAttemptSql = R"sql(
 UPDATE demo_orders.orders
 SET attempt = $3::bigint,
     operation_expires_at = GREATEST(operation_expires_at,
-                                    now() + $4::bigint * interval '1 millisecond')
+                                    coalesce($5::timestamptz,
+                                             now() + $4::bigint * interval '1 millisecond'))
 WHERE tenant_id = $1 AND operation_id = $2 AND attempt < $3::bigint)sql";
 
 constexpr const char* kRecordArrivalSql = R"sql(
@@ -122,7 +143,8 @@ WITH new_order AS (
      customer_id, currency, amount, discount, total, coupon, items)
   VALUES ($1, $2::text,
           CASE WHEN $2::text IS NULL THEN NULL
-               ELSE now() + $3::bigint * interval '1 millisecond' END,
+               ELSE coalesce($12::timestamptz, now() + $3::bigint * interval '1 millisecond')
+          END,
           $4::bigint, $5, $6, $7, $8::bigint, $9::bigint, $8::bigint - $9::bigint,
           $10, $11::jsonb)
   ON CONFLICT DO NOTHING
@@ -145,11 +167,39 @@ constexpr std::string_view kFailAfterInsert =
     "FROM new_order";
 constexpr std::string_view kInjectedFailureSqlstate = "22P02";  // invalid_text_representation
 
+// The same statement for completion: backend routes: the idempotency record is completed
+// with the very answer this order gets, in the same statement and so the same
+// transaction ($13: X-Idempotency-Record). If a newer attempt owns the record,
+// idemproxy_complete() raises IP001 and the order and its event roll back with it. Run
+// unprepared: it names a function of the sidecar's schema, which may be created after this
+// process started.
+std::string create_recorded_sql() {
+  return std::string(kCreateOrderCte) + "SELECT " + order_columns() +
+         R"sql(,
+  idemproxy_complete($1, $13, 201,
+      jsonb_build_array(jsonb_build_array('Content-Type', 'application/json'),
+                        jsonb_build_array('Location', '/orders/' || o.order_id::text)),
+      convert_to(demo_orders.order_body(ROW(o.*)::demo_orders.orders), 'UTF8'),
+      '/orders/' || o.order_id::text)
+FROM new_order o)sql";
+}
+
+// An earlier attempt made the order; this one owns the record: complete it with the
+// order's answer (unprepared, as above).
+constexpr const char* kCompleteExistingSql = R"sql(
+SELECT idemproxy_complete($1, $2, 201,
+    jsonb_build_array(jsonb_build_array('Content-Type', 'application/json'),
+                      jsonb_build_array('Location', $4::text)),
+    convert_to($3, 'UTF8'), $4))sql";
+
+// idemproxy_complete()'s "a newer attempt owns the record" (the sidecar's migration 0004).
+constexpr std::string_view kFencedSqlstate = "IP001";
+
 constexpr const char* kOrderByCheckoutSql =
     "SELECT order_id::text FROM demo_orders.orders WHERE tenant_id = $1 AND checkout_id = $2";
 
 constexpr std::string_view kOrderByIdWhere =
-    " FROM demo_orders.orders WHERE order_id = $1::uuid AND tenant_id = $2";
+    " FROM demo_orders.orders o WHERE o.order_id = $1::uuid AND o.tenant_id = $2";
 
 // ------------------------------------------------------------------------- helpers
 
@@ -165,8 +215,9 @@ std::optional<std::string> optional_text(const pg::Result& r, int row, int col) 
   return std::string(r.value(row, col));
 }
 
-std::optional<OrderRow> decode_order(const pg::Result& r, int row) {
-  if (r.columns() != 13) return std::nullopt;
+// `extra`: columns after the order's (the completion's digest).
+std::optional<OrderRow> decode_order(const pg::Result& r, int row, int extra = 0) {
+  if (r.columns() != 14 + extra) return std::nullopt;
   OrderRow o;
   o.order_id = r.value(row, 0);
   o.tenant_id = r.value(row, 1);
@@ -181,6 +232,7 @@ std::optional<OrderRow> decode_order(const pg::Result& r, int row) {
   o.created_at = r.value(row, 10);
   const auto attempt = r.int64(row, 11);
   const auto expired = r.boolean(row, 12);
+  o.body = r.value(row, 13);
   if (!amount || !discount || !total || !attempt || !expired) return std::nullopt;
   o.amount = *amount;
   o.discount = *discount;
@@ -190,53 +242,66 @@ std::optional<OrderRow> decode_order(const pg::Result& r, int row) {
   return o;
 }
 
-json::value nullable(const std::optional<std::string>& s) {
-  return s ? json::value(*s) : json::value(nullptr);
-}
-
-// The order as clients see it. No operation id or attempt: those differ between attempts
-// of one operation, and every attempt must answer with the same bytes.
-json::object order_json(const OrderRow& o) {
-  // jsonb hands the items back with its own member order; rebuild them in the documented one.
-  json::array items;
-  boost::system::error_code ec;
-  const json::value stored = json::parse(o.items_json, ec);
-  if (!ec && stored.is_array()) {
-    for (const auto& item : stored.get_array()) {
-      if (const auto* fields = item.if_object()) {
-        json::object out;
-        if (const auto* sku = fields->if_contains("sku")) out["sku"] = *sku;
-        if (const auto* qty = fields->if_contains("qty")) out["qty"] = *qty;
-        items.push_back(std::move(out));
-      }
-    }
-  }
-  json::object body;
-  body["order_id"] = o.order_id;
-  body["checkout_id"] = nullable(o.checkout_id);
-  body["customer_id"] = o.customer_id;
-  body["currency"] = o.currency;
-  body["amount"] = o.amount;
-  body["discount"] = o.discount;
-  body["total"] = o.total;
-  body["coupon"] = nullable(o.coupon);
-  body["items"] = std::move(items);
-  body["status"] = "created";
-  body["created_at"] = o.created_at;
-  return body;
-}
-
 // 201 for the attempt that created the order and for every later attempt that finds it:
 // a re-executed attempt must be indistinguishable from the first, or the client could
 // tell that a crash happened in between.
-Response created(const Request& req, const OrderRow& o) {
-  Response res = json_response(req, http::status::created, order_json(o));
-  res.set(http::field::location, "/orders/" + o.order_id);
+// An order as clients see it: the body the database rendered (no operation id or attempt:
+// those differ between attempts of one operation, and every attempt must answer with the
+// same bytes).
+Response order_response(const Request& req, http::status status, const OrderRow& o) {
+  Response res{status, req.version()};
+  res.set(http::field::content_type, "application/json");
+  res.body() = o.body;
+  res.keep_alive(req.keep_alive());
+  res.prepare_payload();
   return res;
 }
 
+// `recorded`: the digest idemproxy_complete() returned, when this answer is the one the
+// idempotency record holds (completion: backend), for the sidecar to confirm.
+Response created(const Request& req, const OrderRow& o, std::string_view recorded = {}) {
+  Response res = order_response(req, http::status::created, o);
+  res.set(http::field::location, "/orders/" + o.order_id);
+  if (!recorded.empty()) res.set("X-Idempotency-Recorded", recorded);
+  return res;
+}
+
+std::string short_id(const std::optional<std::string>& id) {
+  return id ? id->substr(0, 12) : std::string("-");
+}
+
+// A newer attempt owns the operation's record: this request's transaction was refused and
+// nothing was written. Its sidecar is stale; "release" tells it not to remember this.
+Response superseded(const Request& req, const Arrival& a) {
+  spdlog::warn("order-api: attempt {} of operation {} no longer owns its record: refused, "
+               "nothing written", a.attempt, short_id(a.operation_id));
+  Response res = problem(req, http::status::service_unavailable, "operation_superseded",
+                         "Operation superseded",
+                         "a newer attempt of this operation owns its idempotency record; "
+                         "nothing was written");
+  res.set(http::field::retry_after, "1");
+  res.set("X-Idempotency-Directive", "release");
+  return res;
+}
+
+// The directive tells the sidecar what to remember whatever its route's `store` lists say
+// (docs/backend.md): a malformed request failed before anything was owned and must not
+// stick to the key (the corrected request, with the same key, must run); a deterministic
+// business rejection is the operation's answer and is replayed.
+Response with_directive(Response res, std::string_view directive) {
+  res.set("X-Idempotency-Directive", directive);
+  return res;
+}
+
+Response business_rejection(const Request& req, http::status status, std::string_view code,
+                            std::string_view title, const std::string& detail,
+                            json::object extra = {}) {
+  return with_directive(problem(req, status, code, title, detail, std::move(extra)), "record");
+}
+
 Response rejection(const Request& req, const Rejection& r) {
-  return problem(req, static_cast<http::status>(r.status), r.code, r.title, r.detail);
+  auto res = problem(req, static_cast<http::status>(r.status), r.code, r.title, r.detail);
+  return with_directive(std::move(res), r.status == 400 ? "release" : "record");
 }
 
 // The database did not answer (or not as expected). Nothing was committed that a retry
@@ -258,9 +323,6 @@ bool is_json(std::string_view content_type) {
   return text::iequals(type, "application/json");
 }
 
-std::string short_id(const std::optional<std::string>& id) {
-  return id ? id->substr(0, 12) : std::string("-");
-}
 
 // The request's headers, checked. A Response means the request is refused.
 std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiOptions& options) {
@@ -294,6 +356,30 @@ std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiO
                        "X-Idempotency-Fencing-Token must be a positive integer");
       }
       a.fencing_token = *value;
+    }
+    // Passed to PostgreSQL as timestamptz; refused here unless they look like the RFC 3339
+    // UTC stamps the sidecar sends, so a bad value cannot fail a statement later.
+    const auto stamp = [](std::string_view v) {
+      return !v.empty() && v.size() <= 40 &&
+             v.find_first_not_of("0123456789-:.TZ") == std::string_view::npos;
+    };
+    for (auto [name, field] : {std::pair{"X-Idempotency-Record-Created", &a.record_created},
+                               std::pair{"X-Idempotency-Record-Expires", &a.record_expires}}) {
+      if (const auto v = single_header(req, name)) {
+        if (!stamp(*v)) {
+          return problem(req, http::status::bad_request, "invalid_request",
+                         "Invalid idempotency headers",
+                         std::string(name) + " must be an RFC 3339 UTC timestamp");
+        }
+        *field = std::string(*v);
+      }
+    }
+    if (const auto record = single_header(req, "X-Idempotency-Record")) {
+      if (record->empty() || record->size() > 4096) {
+        return problem(req, http::status::bad_request, "invalid_request",
+                       "Invalid idempotency headers", "X-Idempotency-Record is malformed");
+      }
+      a.record = std::string(*record);
     }
   }
 
@@ -342,8 +428,13 @@ std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiO
 // The order an earlier attempt of this operation created, if its retention has not
 // passed. An order whose operation expired has its id retired here, so that the insert
 // that follows can reuse it for the new operation.
+pg::Param optional_param(const std::optional<std::string>& s) {
+  return s ? pg::Param::text(*s) : pg::Param::null_value();
+}
+
 asio::awaitable<result<std::optional<OrderRow>>> find_operation(pg::Pool& pool, const Arrival& a) {
-  std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id)};
+  std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id),
+                                optional_param(a.record_created)};
   auto r = co_await pool.execute(kOrderByOperation, std::move(params));
   if (!r) co_return r.error();
   if (r->rows() == 0) co_return std::optional<OrderRow>{};
@@ -355,7 +446,8 @@ asio::awaitable<result<std::optional<OrderRow>>> find_operation(pg::Pool& pool, 
       "order-api: operation {} of tenant {} passed its retention; order {} keeps it "
       "as retired, this request is a new operation",
       short_id(a.operation_id), a.tenant, row->order_id);
-  std::vector<pg::Param> retire{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id)};
+  std::vector<pg::Param> retire{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id),
+                                optional_param(a.record_created)};
   auto retired = co_await pool.execute(kRetireOperation, std::move(retire));
   if (!retired) co_return retired.error();
   co_return std::optional<OrderRow>{};
@@ -402,7 +494,7 @@ asio::awaitable<Response> answer_existing(pg::Pool& pool, const OrderApiOptions&
   if (!same_order(row, order)) {
     spdlog::warn("order-api: operation {} already has order {} made from another request",
                  short_id(a.operation_id), row.order_id);
-    co_return problem(req, http::status::unprocessable_entity, "operation_id_reused",
+    co_return business_rejection(req, http::status::unprocessable_entity, "operation_id_reused",
                       "Operation id reused",
                       "this operation id already has an order made from other parameters");
   }
@@ -410,7 +502,8 @@ asio::awaitable<Response> answer_existing(pg::Pool& pool, const OrderApiOptions&
     const std::string attempt = std::to_string(a.attempt);
     const std::string retention = std::to_string(options.operation_retention.count());
     std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id),
-                                  pg::Param::text(attempt), pg::Param::text(retention)};
+                                  pg::Param::text(attempt), pg::Param::text(retention),
+                                  optional_param(a.record_expires)};
     auto updated = co_await pool.execute(kRecordAttempt, std::move(params));
     if (!updated) co_return unavailable(req, pool, updated.error());
     spdlog::info("order-api: attempt {} of operation {} found order {} (created by attempt {})",
@@ -421,7 +514,19 @@ asio::awaitable<Response> answer_existing(pg::Pool& pool, const OrderApiOptions&
         "nothing changed",
         a.attempt, short_id(a.operation_id), row.order_id, row.attempt);
   }
-  co_return created(req, row);
+  if (!a.record) co_return created(req, row);
+  // completion: backend, and the order was made by an earlier attempt: this attempt owns
+  // the record now, and completes it with the order's answer.
+  const std::string location = "/orders/" + row.order_id;
+  std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.record),
+                                pg::Param::text(row.body), pg::Param::text(location)};
+  auto recorded = co_await pool.query(kCompleteExistingSql, std::move(params));
+  if (!recorded) {
+    if (pg::sqlstate(recorded.error()) == kFencedSqlstate) co_return superseded(req, a);
+    co_return unavailable(req, pool, recorded.error());
+  }
+  if (recorded->rows() != 1) co_return unavailable(req, pool, make_error_code(pg::errc::protocol));
+  co_return created(req, row, recorded->value(0, 0));
 }
 
 }  // namespace
@@ -432,15 +537,16 @@ OrderApi::OrderApi(std::shared_ptr<pg::Pool> pool, OrderApiOptions options)
     : pool_(std::move(pool)), options_(options) {}
 
 std::vector<pg::PreparedStatement> OrderApi::statements() {
-  const std::string select_order = "SELECT " + std::string(kOrderColumns);
+  const std::string select_order = "SELECT " + order_columns();
   const std::string create(kCreateOrderCte);
   return {
-      {kOrderByOperation, select_order + std::string(kOrderByOperationWhere)},
+      {kOrderByOperation,
+       "SELECT " + order_columns(kGenerationBoundary) + std::string(kOrderByOperationWhere)},
       {kRetireOperation, kRetireOperationSql},
       {kRecordAttempt, kRecordAttemptSql},
       {kRecordArrival, kRecordArrivalSql},
       {kCoupon, kCouponSql},
-      {kCreateOrder, create + select_order + " FROM new_order"},
+      {kCreateOrder, create + select_order + " FROM new_order o"},
       {kCreateOrderThenFail, create + std::string(kFailAfterInsert)},
       {kOrderByCheckout, kOrderByCheckoutSql},
       {kOrderById, select_order + std::string(kOrderByIdWhere)},
@@ -570,7 +676,7 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
     auto coupon = co_await pool_->execute(kCoupon, std::move(params));
     if (!coupon) co_return unavailable(req, *pool_, coupon.error());
     if (coupon->rows() == 0) {
-      co_return problem(req, http::status::unprocessable_entity, "coupon_unknown", "Unknown coupon",
+      co_return business_rejection(req, http::status::unprocessable_entity, "coupon_unknown", "Unknown coupon",
                         "no coupon with this code exists");
     }
     const auto percent = coupon->int64(0, 0);
@@ -579,7 +685,7 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
       co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
     }
     if (*expired) {
-      co_return problem(req, http::status::unprocessable_entity, "coupon_expired", "Coupon expired",
+      co_return business_rejection(req, http::status::unprocessable_entity, "coupon_expired", "Coupon expired",
                         "the coupon " + *order.coupon + " has expired");
     }
     discount = order.amount * *percent / 100;
@@ -590,10 +696,10 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
   const std::string amount = std::to_string(order.amount);
   const std::string discount_text = std::to_string(discount);
   const std::string items = items_json(order.items);
-  const auto optional_param = [](const std::optional<std::string>& s) {
-    return s ? pg::Param::text(*s) : pg::Param::null_value();
-  };
   const bool fail_before_commit = a.fault == Arrival::Fault::rollback;
+  // completion: backend: the order, its event and the idempotency record in one statement.
+  const bool record = a.record.has_value() && !fail_before_commit;
+  static const std::string create_recorded = create_recorded_sql();
 
   // Two rounds at most: a conflict whose row is gone by the time we look (its operation
   // retired in between) is retried once; anything stranger is reported as unavailable.
@@ -608,10 +714,22 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
                                   pg::Param::text(amount),
                                   pg::Param::text(discount_text),
                                   optional_param(order.coupon),
-                                  pg::Param::text(items)};
-    auto inserted = co_await pool_->execute(
-        fail_before_commit ? kCreateOrderThenFail : kCreateOrder, std::move(params));
+                                  pg::Param::text(items),
+                                  optional_param(a.record_expires)};
+    if (record) params.push_back(pg::Param::text(*a.record));
+    // Two statements, not one conditional co_await: GCC 12 mishandles the temporaries of
+    // a co_await inside a conditional expression.
+    result<pg::Result> inserted = make_error_code(pg::errc::protocol);
+    if (record) {
+      inserted = co_await pool_->query(create_recorded, std::move(params));
+    } else {
+      const char* statement = fail_before_commit ? kCreateOrderThenFail : kCreateOrder;
+      inserted = co_await pool_->execute(statement, std::move(params));
+    }
     if (!inserted) {
+      // A newer attempt owns the record: the whole statement, order and event included,
+      // rolled back.
+      if (record && pg::sqlstate(inserted.error()) == kFencedSqlstate) co_return superseded(req, a);
       if (fail_before_commit && pg::sqlstate(inserted.error()) == kInjectedFailureSqlstate) {
         spdlog::warn("order-api: fault injection: the order was written and rolled back");
         co_return problem(req, http::status::internal_server_error, "injected_fault",
@@ -621,8 +739,9 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
     }
 
     if (inserted->rows() == 1) {
-      auto row = decode_order(*inserted, 0);
+      auto row = decode_order(*inserted, 0, record ? 1 : 0);
       if (!row) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+      const std::string digest = record ? std::string(inserted->value(0, 14)) : std::string();
       // Committed. Faults that strike between the commit and the answer:
       if (a.fault == Arrival::Fault::crash_after_commit) {
         spdlog::warn("order-api: fault injection: crashing after the commit of order {}",
@@ -633,7 +752,7 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
       if (a.fault == Arrival::Fault::delay_after_commit) {
         co_await sleep_for(a.fault_delay);
       }
-      co_return created(req, *row);
+      co_return created(req, *row, digest);
     }
 
     // Lost a uniqueness race. The operation first: a concurrent attempt of the same
@@ -651,7 +770,7 @@ asio::awaitable<Response> OrderApi::create_or_find(Request& req, const Arrival& 
       if (other->rows() == 1) {
         const std::string existing_id(other->value(0, 0));
         json::object extra{{"order_id", existing_id}, {"checkout_id", *order.checkout_id}};
-        co_return problem(req, http::status::conflict, "checkout_already_ordered",
+        co_return business_rejection(req, http::status::conflict, "checkout_already_ordered",
                           "Checkout already ordered",
                           "checkout " + *order.checkout_id + " already has order " + existing_id +
                               "; a checkout is ordered at most once",
@@ -745,7 +864,7 @@ asio::awaitable<Response> OrderApi::get(Request& req, std::string_view id) {
   if (r->rows() == 0) co_return not_found();
   auto row = decode_order(*r, 0);
   if (!row) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
-  co_return json_response(req, http::status::ok, order_json(*row));
+  co_return order_response(req, http::status::ok, *row);
 }
 
 }  // namespace idem::demo

@@ -19,7 +19,16 @@
 //     with 409 checkout_already_ordered naming the existing order, whatever the key;
 //   * the order, its outbox event and both uniqueness checks are one INSERT statement, so
 //     they commit together or not at all; payments and inventory happen after commit,
-//     through the outbox (relay.hpp).
+//     through the outbox (relay.hpp);
+//   * on routes with completion: backend (X-Idempotency-Record), the same statement also
+//     completes the sidecar's idempotency record with the answer (idemproxy_complete), so
+//     the three commit together, and an attempt a newer one superseded is refused by the
+//     database (503 operation_superseded, nothing written);
+//   * operation ids are told apart by generation with the record's lifetime the sidecar
+//     forwards (X-Idempotency-Record-Created/-Expires; --operation-retention only for
+//     callers without them);
+//   * malformed requests answer with X-Idempotency-Directive: release, business
+//     rejections with record (docs/backend.md).
 #include <cstdint>
 #include <memory>
 #include <string>

@@ -93,6 +93,31 @@ CREATE TABLE demo_orders.arrivals (
   arrived_at    timestamptz NOT NULL DEFAULT now()
 );
 )sql"},
+    {3, R"sql(
+-- The body of 201 Created, rendered by the database, once and the same for every attempt
+-- that finds the order: a compact JSON object in the documented member order. It is built
+-- here rather than in the API so that one statement can create the order, its event and
+-- the idempotency record holding this very answer (routes with completion: backend).
+CREATE FUNCTION demo_orders.order_body(o demo_orders.orders) RETURNS text
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+  SELECT '{"order_id":' || to_json(o.order_id::text)::text
+      || ',"checkout_id":' || coalesce(to_json(o.checkout_id)::text, 'null')
+      || ',"customer_id":' || to_json(o.customer_id)::text
+      || ',"currency":' || to_json(o.currency)::text
+      || ',"amount":' || o.amount::text
+      || ',"discount":' || o.discount::text
+      || ',"total":' || o.total::text
+      || ',"coupon":' || coalesce(to_json(o.coupon)::text, 'null')
+      || ',"items":[' || coalesce((
+           SELECT string_agg('{"sku":' || to_json(i.item->>'sku')::text ||
+                             ',"qty":' || (i.item->>'qty') || '}', ',' ORDER BY i.n)
+           FROM jsonb_array_elements(o.items) WITH ORDINALITY AS i(item, n)), '')
+      || '],"status":"created","created_at":'
+      || to_json(to_char(o.created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'))::text
+      || '}'
+$$;
+)sql"},
 };
 
 constexpr Migration kPaymentsMigrations[] = {

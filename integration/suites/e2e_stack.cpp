@@ -88,13 +88,17 @@ RouteOptions order_route(const StackOptions& options) {
   r.retention = options.retention;
   r.lease = options.lease;
   r.wait = options.wait;
+  if (!options.store_statuses.empty()) r.store_statuses = options.store_statuses;
+  r.extra_yaml = "completion: " + options.completion + "\n";
   return r;
 }
 
 OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
   payments_ = std::make_unique<BackendProcess>("payments", std::vector<std::string>{});
   inventory_ = std::make_unique<BackendProcess>("inventory", std::vector<std::string>{});
-  std::vector<std::string> api_args{"--operation-retention", options_.retention};
+  std::vector<std::string> api_args{
+      "--operation-retention",
+      options_.api_retention.empty() ? options_.retention : options_.api_retention};
   if (options_.record_arrivals) api_args.push_back("--record-arrivals");
   api_ = std::make_unique<BackendProcess>("api", std::move(api_args));
   // Fast polling and retries: a test waits for the relay in milliseconds, not seconds.
@@ -108,12 +112,11 @@ OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
   if (options_.deliver_twice) relay_args.push_back("--fault-deliver-twice");
   relay_ = std::make_unique<BackendProcess>("relay", std::move(relay_args));
 
-  SidecarOptions s;
-  s.upstream_url = api_->url();
-  s.log_level = "warn";
-  s.database_pool_size = 8;
-  s.routes = {order_route(options_)};
-  sidecar_ = std::make_unique<Sidecar>(std::move(s));
+  sidecar_options_.upstream_url = api_->url();
+  sidecar_options_.log_level = "warn";
+  sidecar_options_.database_pool_size = 8;
+  sidecar_options_.routes = {order_route(options_)};
+  sidecar_ = std::make_unique<Sidecar>(sidecar_options_);
 }
 
 OrderStack::~OrderStack() = default;

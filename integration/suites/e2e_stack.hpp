@@ -51,14 +51,22 @@ class BackendProcess {
 };
 
 struct StackOptions {
-  // The route's retention, also given to the API as --operation-retention (they must agree).
+  // The route's retention, also given to the API as --operation-retention, unless
+  // api_retention says otherwise (the API only uses it for requests without the record's
+  // lifetime headers).
   std::string retention = "24h";
+  std::string api_retention;
   std::string lease = "1s";
   std::string wait = "300ms";
   // The relay sends every delivery twice (fault injection).
   bool deliver_twice = false;
   // The API records every arrival in demo_orders.arrivals (fault injection).
   bool record_arrivals = false;
+  // The route's `completion`: "sidecar" or "backend" (the API completes the record in the
+  // transaction of the order, docs/backend.md).
+  std::string completion = "sidecar";
+  // The route's store.statuses, when not the default.
+  std::vector<std::string> store_statuses;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.
@@ -74,6 +82,8 @@ class OrderStack {
   BackendProcess& api() { return *api_; }
   BackendProcess& relay() { return *relay_; }
   Sidecar& sidecar() { return *sidecar_; }
+  // The options the sidecar was started with: a second replica of the same stack.
+  const SidecarOptions& sidecar_options() const { return sidecar_options_; }
 
   // A client of the sidecar (each thread needs its own).
   HttpClient client() { return HttpClient(sidecar_->port()); }
@@ -86,6 +96,7 @@ class OrderStack {
   std::unique_ptr<BackendProcess> inventory_;
   std::unique_ptr<BackendProcess> api_;
   std::unique_ptr<BackendProcess> relay_;
+  SidecarOptions sidecar_options_;
   std::unique_ptr<Sidecar> sidecar_;
 };
 

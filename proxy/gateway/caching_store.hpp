@@ -37,7 +37,7 @@ class CachingStore final : public store::Store {
       const store::ClaimRequest& req, std::int64_t seen_fence) override {
     return inner_.replace_expired(req, seen_fence);
   }
-  asio::awaitable<result<store::Completion>> complete(const store::RecordId& id,
+  asio::awaitable<result<store::Completed>> complete(const store::RecordId& id,
                                                       std::int64_t fence,
                                                       const store::StoredResponse& response,
                                                       Millis retention) override {

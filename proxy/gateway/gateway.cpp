@@ -12,11 +12,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gateway/exchange.hpp"
 #include "gateway/headers.hpp"
 #include "gateway/inbound.hpp"
 #include "idempotency/decision.hpp"
 #include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
+#include "common/time_text.hpp"
 #include "observability/logging.hpp"
 
 namespace idem::gateway {
@@ -25,11 +27,7 @@ namespace {
 using idempotency::Step;
 using obs::Outcome;
 using obs::StoreOp;
-
-
-double seconds_since(SteadyClock::time_point t) {
-  return std::chrono::duration<double>(SteadyClock::now() - t).count();
-}
+using obs::store_error_kind;
 
 // Tenants arrive from a trusted authenticating layer; anything but one short token of
 // visible ASCII is a misconfiguration in front of us and must not scope a record.
@@ -38,59 +36,18 @@ bool valid_tenant(std::string_view t) {
   return std::all_of(t.begin(), t.end(), [](char c) { return c > 0x20 && c < 0x7f; });
 }
 
+}  // namespace
+
+double seconds_since(SteadyClock::time_point t) {
+  return std::chrono::duration<double>(SteadyClock::now() - t).count();
+}
+
 std::string retry_after_seconds(Millis d) {
   const auto secs = std::max<long long>(1, (d.count() + 999) / 1000);
   return std::to_string(secs);
 }
 
-using obs::store_error_kind;
-
-}  // namespace
-
-// Everything one request accumulates on its way through; also feeds the access log.
-struct Gateway::Exchange {
-  server::Request& request;
-  const server::RequestContext& context;
-  std::shared_ptr<const Runtime> runtime;
-  const CompiledRoute* route = nullptr;
-  unsigned version = 11;
-  bool keep_alive = true;
-  std::string method;
-  std::string path;
-  std::string query;
-
-  std::string tenant;
-  std::string key;
-  std::string fingerprint;
-  std::string principal;
-  bool check_principal = false;  // the configuration names a principal header
-  store::ClaimRequest claim;  // the record's id and what a claim of it writes
-  std::string waiter_key;
-  std::string operation_id;  // computed once, when first needed
-
-  // The protocol's driver (run_protocol): the row last handed to the protocol (its
-  // events view these strings), the upstream's answer and what of it is recorded, the
-  // wake-up registration, and the last store failure (for the log).
-  std::optional<store::Record> row;
-  upstream::Outcome upstream;
-  std::optional<store::StoredResponse> recorded;
-  std::optional<Waiter> waiter;
-  error_code store_error;
-  store::Ownership owner;  // once this request owned the record
-
-  Outcome outcome = Outcome::passthrough;
-  bool from_cache = false;
-  std::string_view code;
-  std::string_view fenced;  // a fenced owner's answer, for the access log
-  std::int64_t attempt = 0;
-  double store_seconds = -1;
-  double upstream_seconds = -1;
-  std::string key_hash;
-};
-
 Gateway::Gateway(Dependencies deps) : deps_(std::move(deps)) {}
-
-namespace {
 
 server::Response problem(const Gateway::Exchange& x, http::status status, std::string_view code,
                          std::string_view title, std::string_view detail) {
@@ -111,6 +68,38 @@ server::Response to_client(upstream::Response&& up, const Gateway::Exchange& x) 
   if (x.method != "HEAD") res.prepare_payload();
   return res;
 }
+
+// A recorded answer. `as_replay`: marked as one (a retry's answer); not marked when it is
+// the operation's first answer to reach a client (a backend that recorded other than what
+// it sent: the record wins).
+server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x,
+                        bool as_replay) {
+  server::Response res{static_cast<http::status>(stored.status), x.version};
+  for (const auto& h : stored.headers) res.insert(h.name, h.value);
+  if (as_replay) res.set(std::string(kReplayedHeader), "true");
+  if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
+  res.body() = stored.body;
+  res.keep_alive(x.keep_alive);
+  res.prepare_payload();
+  return res;
+}
+
+std::string forwarded_for(const Gateway::Exchange& x) {
+  std::string chain;
+  for (auto v : field_values(x.request.base(), "X-Forwarded-For")) {
+    if (!chain.empty()) chain += ", ";
+    chain += v;
+  }
+  if (!chain.empty()) chain += ", ";
+  if (x.context.peer_address.empty()) {
+    chain += x.context.peer.address().to_string();
+  } else {
+    chain += x.context.peer_address;
+  }
+  return chain;
+}
+
+namespace {
 
 store::StoredResponse capture(const upstream::Response& res, const settings::RouteSettings& rs) {
   store::StoredResponse out;
@@ -135,21 +124,6 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
     out.body = res.body();
   }
   return out;
-}
-
-// A recorded answer. `as_replay`: marked as one (a retry's answer); not marked when it is
-// the operation's first answer to reach a client (a backend that recorded other than what
-// it sent: the record wins).
-server::Response replay(const store::StoredResponse& stored, const Gateway::Exchange& x,
-                        bool as_replay = true) {
-  server::Response res{static_cast<http::status>(stored.status), x.version};
-  for (const auto& h : stored.headers) res.insert(h.name, h.value);
-  if (as_replay) res.set(std::string(kReplayedHeader), "true");
-  if (stored.body_omitted) res.set(std::string(kReplayBodyHeader), "omitted");
-  res.body() = stored.body;
-  res.keep_alive(x.keep_alive);
-  res.prepare_payload();
-  return res;
 }
 
 // The request as every decision below reads it and as the backend receives it, made in
@@ -329,20 +303,7 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   for (const auto& f : x.request.base()) up.insert(f.name_string(), f.value());
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.
-  {
-    std::string chain;
-    for (auto v : field_values(up.base(), "X-Forwarded-For")) {
-      if (!chain.empty()) chain += ", ";
-      chain += v;
-    }
-    if (!chain.empty()) chain += ", ";
-    if (x.context.peer_address.empty()) {
-      chain += x.context.peer.address().to_string();
-    } else {
-      chain += x.context.peer_address;
-    }
-    up.set("X-Forwarded-For", chain);
-  }
+  up.set("X-Forwarded-For", forwarded_for(x));
   if (owner != nullptr) {
     if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
     const auto& rs = *x.route->settings;
@@ -442,9 +403,11 @@ std::string_view fenced_answer(Outcome o) {
 // --- What the protocol sees of a row -------------------------------------------------------
 
 idempotency::RowView view_of(const store::Record& r) {
-  return idempotency::RowView{r.fingerprint,      r.principal, r.state == store::State::completed,
-                              r.attempt,          r.lease_expired, r.expired,
-                              r.fence,            r.lease_remaining};
+  idempotency::RowView v{r.fingerprint,      r.principal, r.state == store::State::completed,
+                         r.attempt,          r.lease_expired, r.expired,
+                         r.fence,            r.lease_remaining};
+  v.has_resource = r.response && !refetch_target(r.response->resource_id).empty();
+  return v;
 }
 
 // Tenants arrive from a trusted authenticating layer; anything but one short token of
@@ -577,7 +540,10 @@ struct OwnerCount {
 // with the outcome, until it answers. Every decision is the protocol's; every I/O is here.
 asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
   const auto& rs = *x.route->settings;
-  idempotency::Protocol protocol({x.fingerprint, x.principal, x.check_principal, rs.wait});
+  idempotency::ProtocolOptions options{x.fingerprint, x.principal, x.check_principal, rs.wait};
+  options.refetch = rs.replay_mode == settings::ReplayMode::refetch;
+  options.reconcile = rs.on_unknown_outcome == settings::UnknownOutcome::reconcile;
+  idempotency::Protocol protocol(options);
   std::optional<OwnerCount> owning;
   idempotency::Event event = idempotency::Begin{};
   for (;;) {
@@ -602,6 +568,11 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
       case Step::release: event = co_await release(x, a.fence); break;
       case Step::expire_lease: event = co_await expire_lease(x, a.fence); break;
       case Step::complete: event = co_await complete(x, a.fence); break;
+      case Step::refetch: event = co_await refetch(x); break;
+      case Step::reconcile:
+        if (!owning) owning.emplace(owners_in_flight_);
+        event = co_await reconcile(x, a.owner);
+        break;
       case Step::answer: co_return answer(x, a);
     }
   }
@@ -768,7 +739,8 @@ asio::awaitable<idempotency::Event> Gateway::complete(Exchange& x, std::int64_t 
                                   deps_.store->complete(x.claim.id, fence, *x.recorded, rs.retention));
   deps_.waiters->notify(x.waiter_key);
   if (!completed) co_return idempotency::StoreFailed{};
-  co_return idempotency::Completed{*completed};
+  x.key_expires_at_us = completed->expires_at_us;
+  co_return idempotency::Completed{completed->outcome};
 }
 
 // ---- The answer ----------------------------------------------------------------------------
@@ -787,7 +759,11 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
         break;
       }
       res = replayed(x, *x.row->response, x.row->attempt);
+      x.key_expires_at_us = x.row->expires_at_us;
       break;
+    case Answer::refetched:
+    case Answer::refetch_refused:
+    case Answer::refetch_failed: res = refetch_answer(x, a.answer); break;
     case Answer::recorded:
       x.outcome = Outcome::created;
       res = to_client(std::move(x.upstream.response), x);
@@ -803,6 +779,7 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
       }
       x.outcome = Outcome::created;
       res = replay(*x.row->response, x, /*as_replay=*/false);
+      x.key_expires_at_us = x.row->expires_at_us;
       break;
     case Answer::not_sent:
       x.outcome = Outcome::released;
@@ -827,7 +804,19 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
       break;
     case Answer::mismatch: res = mismatch(x); break;
     case Answer::forbidden: res = forbidden(x); break;
-    case Answer::in_progress: res = in_progress(x); break;
+    case Answer::in_progress:
+      res = in_progress(x);
+      if (x.row) x.key_expires_at_us = x.row->expires_at_us;
+      break;
+    case Answer::reconcile_failed:
+      x.outcome = Outcome::unknown_outcome;
+      x.code = "reconcile_failed";
+      res = problem(x, http::status::service_unavailable, x.code, "Outcome not known yet",
+                    "whether the earlier attempt of this operation happened could not be "
+                    "learnt from the upstream; nothing was forwarded; retry with the same key "
+                    "after the indicated delay");
+      res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
+      break;
     case Answer::unrecorded:
       spdlog::error("could not record the upstream response (route {}, attempt {}): {}", rs.name,
                     x.owner.attempt, x.store_error.message());
@@ -850,6 +839,11 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
       break;
   }
   if (a.fenced != idempotency::Fenced::no) note_fenced(x, a);
+  // The key's lifetime as the record holds it (docs/http.md, "Key expiry"): set only from
+  // a record this request read or wrote, never guessed.
+  if (x.key_expires_at_us > 0) {
+    res.set(std::string(kKeyExpiresHeader), imf_fixdate_from_us(x.key_expires_at_us));
+  }
   return res;
 }
 

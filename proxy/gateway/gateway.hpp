@@ -59,6 +59,10 @@ class Gateway {
   asio::awaitable<idempotency::Event> release(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> expire_lease(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> complete(Exchange& x, std::int64_t fence);
+  // Long operations (gateway/long_operations.cpp).
+  asio::awaitable<idempotency::Event> refetch(Exchange& x);
+  asio::awaitable<idempotency::Event> reconcile(Exchange& x, store::Ownership owner);
+  server::Response refetch_answer(Exchange& x, idempotency::Answer answer);
   server::Response answer(Exchange& x, const idempotency::Action& a);
   void note_fenced(Exchange& x, const idempotency::Action& a);
   asio::awaitable<server::Response> pass_through(Exchange& x);

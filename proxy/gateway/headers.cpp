@@ -97,4 +97,20 @@ std::string resource_id_from_location(std::string_view location) {
   return out;
 }
 
+std::string refetch_target(std::string_view id) {
+  id = id.substr(0, id.find('#'));
+  for (std::string_view scheme : {"http://", "https://"}) {
+    if (id.size() >= scheme.size() && iequals(id.substr(0, scheme.size()), scheme)) {
+      const auto rest = id.substr(scheme.size());
+      const auto path = rest.find_first_of("/?");
+      if (path == std::string_view::npos) return "/";
+      if (rest[path] == '?') return "/" + std::string(rest.substr(path));
+      return std::string(rest.substr(path));
+    }
+  }
+  // "//host/..." is a network-path reference: another authority, never followed.
+  if (id.empty() || id.front() != '/' || id.starts_with("//")) return {};
+  return std::string(id);
+}
+
 }  // namespace idem::gateway

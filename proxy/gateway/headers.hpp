@@ -37,12 +37,15 @@ inline constexpr std::string_view kDirectiveHeader = "X-Idempotency-Directive";
 inline constexpr std::array<std::string_view, 2> kBackendControls = {kRecordedHeader,
                                                                      kDirectiveHeader};
 
-// The markers idemproxy puts on replays. A backend's own would make a first answer read as
-// a replay (or a replay without its body), so they are removed from every backend answer.
+// The markers idemproxy puts on its answers: a replay, a replay's body (omitted, or the
+// resource's current representation), and the key's expiry. A backend's own would make a
+// first answer read as a replay, or advertise a lifetime the record does not have, so they
+// are removed from every backend answer.
 inline constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 inline constexpr std::string_view kReplayBodyHeader = "Idempotent-Replay-Body";
-inline constexpr std::array<std::string_view, 2> kReplayMarkers = {kReplayedHeader,
-                                                                   kReplayBodyHeader};
+inline constexpr std::string_view kKeyExpiresHeader = "Idempotency-Key-Expires";
+inline constexpr std::array<std::string_view, 3> kReplayMarkers = {
+    kReplayedHeader, kReplayBodyHeader, kKeyExpiresHeader};
 
 // The trusted headers an owner's request carries to the backend: operation id, attempt,
 // fencing token, the record's lifetime, and the record reference when there is one (an
@@ -83,5 +86,11 @@ TargetParts split_target(std::string_view target) noexcept;
 // URI), because the column is text and a backend may legally send obs-text bytes. The
 // replayed Location header itself keeps its exact bytes (store/header_codec.hpp).
 std::string resource_id_from_location(std::string_view location);
+
+// The origin-form target a replay re-fetches for a recorded resource id (replay.mode:
+// refetch), always from the one configured upstream: a path ("/orders/7") as is, an
+// absolute http(s) URL by its path and query (its authority is never followed), a fragment
+// dropped. "" when the id names nothing that can be fetched (empty, relative, another scheme).
+std::string refetch_target(std::string_view resource_id);
 
 }  // namespace idem::gateway

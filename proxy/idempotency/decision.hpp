@@ -19,6 +19,7 @@ struct RowView {
   bool expired = false;        // retention passed
   std::int64_t fence = 0;      // the fencing token of the claim that holds it
   Millis lease_remaining{0};   // > 0 while a live lease runs (the database's clock)
+  bool has_resource = false;   // completed with a resource id (a Location) to re-fetch
 };
 
 struct Situation {

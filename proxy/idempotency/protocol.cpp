@@ -40,6 +40,14 @@ Action Protocol::on(const RowRead& e, SteadyClock::time_point now) {
 
 Action Protocol::on(const Acquired& e, SteadyClock::time_point) {
   if (phase_ != Phase::acquiring) return unexpected();
+  // A takeover's predecessor ended with its outcome unknown (a timeout, a crash mid-call):
+  // the backend may be asked first whether the operation happened.
+  if (e.owner && taking_over_ && options_.reconcile) {
+    owner_ = *e.owner;
+    Action a = step(Phase::reconciling, Step::reconcile);
+    a.owner = owner_;
+    return a;
+  }
   if (e.owner) return own(*e.owner);
   // Someone else took it over or replaced it first: look again.
   return step(Phase::reading, Step::read);
@@ -112,6 +120,31 @@ Action Protocol::on(const Completed& e, SteadyClock::time_point now) {
   return finish(Answer::recorded);
 }
 
+Action Protocol::on(const Refetched& e, SteadyClock::time_point) {
+  if (phase_ != Phase::refetching) return unexpected();
+  switch (e.result) {
+    case RefetchResult::fetched: return finish(Answer::refetched);
+    case RefetchResult::refused: return finish(Answer::refetch_refused);
+    case RefetchResult::failed: break;
+  }
+  return finish(Answer::refetch_failed);
+}
+
+// Found: the operation happened, and its answer (the driver holds it as the upstream's)
+// is recorded as if the upstream had just sent it. Not found: it is forwarded again with
+// this attempt. Not known: nothing is forwarded on a guess; the lease ends now so that the
+// next retry takes over and asks again.
+Action Protocol::on(const Reconciled& e, SteadyClock::time_point) {
+  if (phase_ != Phase::reconciling) return unexpected();
+  switch (e.result) {
+    case ReconcileResult::found: return step(Phase::completing, Step::complete, owner_.fence);
+    case ReconcileResult::not_found: return own(owner_);
+    case ReconcileResult::failed: break;
+  }
+  pending_ = Answer::reconcile_failed;
+  return step(Phase::expiring, Step::expire_lease, owner_.fence);
+}
+
 Action Protocol::on(const StoreFailed&, SteadyClock::time_point) {
   switch (phase_) {
     case Phase::checking:
@@ -150,11 +183,19 @@ Action Protocol::decide_on(const std::optional<RowView>& row, SteadyClock::time_
   const Action decision = [&] {
     switch (decide(sit)) {
       case Decision::claim_again: return step(Phase::claiming, Step::claim);
-      case Decision::replace_expired: return step(Phase::acquiring, Step::replace, row->fence);
-      case Decision::take_over: return step(Phase::acquiring, Step::take_over, row->fence);
+      case Decision::replace_expired:
+        taking_over_ = false;
+        return step(Phase::acquiring, Step::replace, row->fence);
+      case Decision::take_over:
+        taking_over_ = true;
+        return step(Phase::acquiring, Step::take_over, row->fence);
       case Decision::reject_mismatch: return finish(Answer::mismatch);
       case Decision::forbid: return finish(Answer::forbidden);
-      case Decision::replay: return finish(Answer::replay);
+      case Decision::replay:
+        // A record whose answer names its resource is re-fetched: the current
+        // representation, and the backend's say on whether this client may see it.
+        if (options_.refetch && row->has_resource) return step(Phase::refetching, Step::refetch);
+        return finish(Answer::replay);
       case Decision::answer_in_progress: return finish(Answer::in_progress);
       case Decision::wait: break;
     }
@@ -255,6 +296,8 @@ std::string_view to_string(Step s) {
     case Step::release: return "release";
     case Step::expire_lease: return "expire_lease";
     case Step::complete: return "complete";
+    case Step::refetch: return "refetch";
+    case Step::reconcile: return "reconcile";
     case Step::answer: return "answer";
   }
   return "unknown";
@@ -276,6 +319,10 @@ std::string_view to_string(Answer a) {
     case Answer::store_unavailable: return "store_unavailable";
     case Answer::unrecorded: return "unrecorded";
     case Answer::fenced_unrecorded: return "fenced_unrecorded";
+    case Answer::refetched: return "refetched";
+    case Answer::refetch_refused: return "refetch_refused";
+    case Answer::refetch_failed: return "refetch_failed";
+    case Answer::reconcile_failed: return "reconcile_failed";
   }
   return "unknown";
 }

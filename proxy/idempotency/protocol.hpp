@@ -75,9 +75,31 @@ struct Completed {  // complete
 };
 struct StoreFailed {};  // any store action: the store did not answer
 
+// refetch: the resource of a completed record, fetched with the retrying client's own
+// credentials (routes with replay.mode: refetch).
+enum class RefetchResult {
+  fetched,  // 2xx: its current representation answers the replay
+  refused,  // 4xx: the backend refuses this client; its answer goes out as is
+  failed,   // a 5xx or no answer: a problem, never the stored body
+};
+struct Refetched {
+  RefetchResult result = RefetchResult::failed;
+};
+
+// reconcile: whether the operation happened, asked of the backend before a takeover
+// forwards again (routes with on_unknown_outcome: reconcile).
+enum class ReconcileResult {
+  found,      // 2xx: the operation's answer, to record as if the upstream had just sent it
+  not_found,  // 404: it did not happen; forward
+  failed,     // anything else, or no answer: not known; nothing is forwarded
+};
+struct Reconciled {
+  ReconcileResult result = ReconcileResult::failed;
+};
+
 using Event =
     std::variant<Begin, Claimed, RowRead, Acquired, Watching, Waited, Forwarded, Written,
-                 Completed, StoreFailed>;
+                 Completed, StoreFailed, Refetched, Reconciled>;
 
 // ---- Actions -----------------------------------------------------------------------------
 
@@ -92,6 +114,8 @@ enum class Step {
   release,       // store.release(record, fence)
   expire_lease,  // store.expire_lease(record, fence)
   complete,      // store.complete(record, fence, the upstream's answer as recorded)
+  refetch,       // GET the resource of the row last read, as the retrying client
+  reconcile,     // ask the backend about the operation, as `owner` (before any forward)
   answer,        // done: answer the client with `answer`
 };
 
@@ -111,6 +135,11 @@ enum class Answer {
   store_unavailable,  // 503: the store did not answer
   unrecorded,         // 503: the upstream answered, the store did not take the answer
   fenced_unrecorded,  // 503: fenced, and the record holds nothing this request may replay
+  refetched,          // the stored status with the resource's current representation
+  refetch_refused,    // the backend's refusal of this client's re-fetch, as it sent it
+  refetch_failed,     // 502: the re-fetch failed; nothing of the record goes out
+  reconcile_failed,   // 503: whether the operation happened is not known; nothing was
+                      // forwarded and the next retry asks again
 };
 
 // Which write of this request's own claim was refused because another claim owns the key.
@@ -131,6 +160,8 @@ struct ProtocolOptions {
   std::string_view principal;    // hash of this request's principal ("" = none)
   bool check_principal = false;
   Millis wait{5000};       // how long a duplicate (or a fenced owner) waits for the owner
+  bool refetch = false;    // replay.mode: refetch — a replay re-fetches the record's resource
+  bool reconcile = false;  // on_unknown_outcome: reconcile — a takeover asks first
   Millis first_poll{20};   // the first re-read of a running record; doubled per round
   Millis max_poll{500};
   // A request never needs more than a handful of rounds; the bound only stops a
@@ -151,7 +182,7 @@ class Protocol {
  private:
   enum class Phase {
     start, claiming, reading, acquiring, watching, waiting, forwarding, checking, releasing,
-    expiring, completing, done
+    expiring, completing, refetching, reconciling, done
   };
   enum class Role { duplicate, fenced_owner };
 
@@ -165,6 +196,8 @@ class Protocol {
   Action on(const Written& e, SteadyClock::time_point now);
   Action on(const Completed& e, SteadyClock::time_point now);
   Action on(const StoreFailed&, SteadyClock::time_point now);
+  Action on(const Refetched& e, SteadyClock::time_point now);
+  Action on(const Reconciled& e, SteadyClock::time_point now);
 
   Action decide_on(const std::optional<RowView>& row, SteadyClock::time_point now);
   Action check_backend_record(const std::optional<RowView>& row);
@@ -187,6 +220,7 @@ class Protocol {
   int completion_failures_ = 0;
   Answer pending_ = Answer::none;  // the answer a release or lease expiry leads to
   bool storable_ = false;          // while checking a backend's record: the route's choice
+  bool taking_over_ = false;       // the acquire in flight is a takeover (not a replacement)
   Fenced fenced_ = Fenced::no;
 };
 

@@ -31,6 +31,8 @@ std::string_view to_string(Outcome o) noexcept {
     case Outcome::rejected: return "rejected";
     case Outcome::store_unavailable: return "store_unavailable";
     case Outcome::passthrough: return "passthrough";
+    case Outcome::accepted: return "accepted";
+    case Outcome::replay_failed: return "replay_failed";
   }
   return "unknown";
 }
@@ -80,6 +82,9 @@ constexpr std::array<std::string_view, 4> kKnownStoreErrors{"unavailable", "time
 constexpr std::array<std::string_view, 3> kBackendCompletionResults{"confirmed", "differed",
                                                                     "absent"};
 constexpr std::array<std::string_view, 3> kDirectives{"release", "record", "invalid"};
+// Long operations' lookups at the backend, likewise exported at 0.
+constexpr std::array<std::string_view, 3> kRefetchResults{"fetched", "refused", "failed"};
+constexpr std::array<std::string_view, 3> kReconcileResults{"found", "not_found", "failed"};
 // What a fenced owner can answer (Metrics::fenced_answer), likewise exported at 0.
 constexpr std::array<std::string_view, 5> kFencedAnswers{"replayed", "in_progress", "key_reused",
                                                          "forbidden", "unavailable"};
@@ -208,6 +213,10 @@ class Family {
     "Answers of completion: backend routes, by what the backend said it recorded.")           \
   X(directives,         Counter,         "idemproxy_backend_directives_total",   "directive",    \
     "Backend directives that released or recorded one answer against the route's store lists.") \
+  X(refetches,          Counter,         "idemproxy_refetches_total",            "result",       \
+    "Replays that re-fetched their resource (replay.mode: refetch), by result.")                 \
+  X(reconciliations,    Counter,         "idemproxy_reconciliations_total",      "result",       \
+    "Takeovers that asked the backend whether the operation happened, by its answer.")          \
   X(lease_renewals,     Counter,         "idemproxy_lease_renewals_total",       "",             \
     "Lease renewals by owners waiting on the upstream.")                                         \
   X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
@@ -399,6 +408,8 @@ struct Metrics::Impl {
     for (auto answer : kFencedAnswers) fenced_answers.get(answer);
     for (auto result : kBackendCompletionResults) backend_completions.get(result);
     for (auto d : kDirectives) directives.get(d);
+    for (auto r : kRefetchResults) refetches.get(r);
+    for (auto r : kReconcileResults) reconciliations.get(r);
   }
 };
 
@@ -425,6 +436,10 @@ void Metrics::backend_completion(std::string_view result) {
   impl_->backend_completions.get(result).add(1);
 }
 void Metrics::directive(std::string_view directive) { impl_->directives.get(directive).add(1); }
+void Metrics::refetch(std::string_view result) { impl_->refetches.get(result).add(1); }
+void Metrics::reconciliation(std::string_view result) {
+  impl_->reconciliations.get(result).add(1);
+}
 void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
@@ -455,6 +470,14 @@ std::uint64_t Metrics::backend_completions(std::string_view result) const {
 }
 std::uint64_t Metrics::directives(std::string_view directive) const {
   const auto* c = impl_->directives.find(directive);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::refetches(std::string_view result) const {
+  const auto* c = impl_->refetches.find(result);
+  return c != nullptr ? c->get() : 0;
+}
+std::uint64_t Metrics::reconciliations(std::string_view result) const {
+  const auto* c = impl_->reconciliations.find(result);
   return c != nullptr ? c->get() : 0;
 }
 std::uint64_t Metrics::replay_cache_hits() const { return impl_->cache_hit.get(); }

@@ -22,8 +22,10 @@ enum class Outcome {
   rejected,          // validation failure (4xx decided by idemproxy), forbidden principal
   store_unavailable, // PostgreSQL unreachable or too slow
   passthrough,       // unmatched route, or a key-less request on a non-required route
+  accepted,          // 202: an async route's operation goes on behind the answer
+  replay_failed,     // a replay's re-fetch of its resource failed (replay.mode: refetch)
 };
-constexpr int kOutcomeCount = 9;
+constexpr int kOutcomeCount = 11;
 std::string_view to_string(Outcome o) noexcept;
 
 // idemproxy_store_duration_seconds{op}
@@ -55,6 +57,10 @@ class Metrics {
   void backend_completion(std::string_view result);
   // Backend directives seen: "release", "record", "invalid" (ignored).
   void directive(std::string_view directive);
+  // replay.mode: refetch — a replay's re-fetch: "fetched", "refused" or "failed".
+  void refetch(std::string_view result);
+  // on_unknown_outcome: reconcile — the backend's lookup: "found", "not_found" or "failed".
+  void reconciliation(std::string_view result);
   void lease_renewal();
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
@@ -70,6 +76,8 @@ class Metrics {
   std::uint64_t fenced_answers(std::string_view answer) const;
   std::uint64_t backend_completions(std::string_view result) const;
   std::uint64_t directives(std::string_view directive) const;
+  std::uint64_t refetches(std::string_view result) const;
+  std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;
 

@@ -563,6 +563,55 @@ bool is_route_name(std::string_view s) {
   });
 }
 
+// A path template with exactly one {operation_id} segment (the status resource, the
+// reconciliation lookup).
+std::string operation_path(const Loader& L, const Item& it) {
+  const auto path = L.text(it);
+  L.with_syntax(it, [&] { detail::check_route_path(path); });
+  if (path.find("{operation_id}") == std::string::npos ||
+      path.find('{') != path.rfind('{')) {
+    L.fail(it, "must contain the segment {operation_id} once, and no other parameter");
+  }
+  return path;
+}
+
+// async, replay, on_unknown_outcome and reconcile (docs/configuration.md, §4.8).
+void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
+  if (auto v = m.get("async")) {
+    Map a(L, *v, {"after", "status_path"});
+    AsyncSettings async;
+    async.after = L.duration(a.required("after"), Millis(1));
+    async.status_path = operation_path(L, a.required("status_path"));
+    r.async = std::move(async);
+  }
+  if (auto v = m.get("replay")) {
+    Map p(L, *v, {"mode"});
+    if (auto mode = p.get("mode")) {
+      r.replay_mode = L.choice<ReplayMode>(
+          *mode, {{"stored", ReplayMode::stored}, {"refetch", ReplayMode::refetch}});
+    }
+  }
+  if (auto v = m.get("on_unknown_outcome")) {
+    r.on_unknown_outcome = L.choice<UnknownOutcome>(
+        *v, {{"retake", UnknownOutcome::retake}, {"reconcile", UnknownOutcome::reconcile}});
+  }
+  const auto reconcile = m.get("reconcile");
+  if (reconcile) {
+    Map c(L, *reconcile, {"method", "path"});
+    if (auto method = c.get("method")) {
+      r.reconcile.method = idem::text::uppercase(L.token(*method, "HTTP method"));
+    }
+    r.reconcile.path = operation_path(L, c.required("path"));
+  }
+  if (r.on_unknown_outcome == UnknownOutcome::reconcile && !reconcile) {
+    L.fail(*m.get("on_unknown_outcome"),
+           "on_unknown_outcome: reconcile needs reconcile: {method, path} on the route");
+  }
+  if (reconcile && r.on_unknown_outcome != UnknownOutcome::reconcile) {
+    L.fail(*reconcile, "reconcile is only used with on_unknown_outcome: reconcile");
+  }
+}
+
 struct RouteLines {
   int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
 };
@@ -575,7 +624,8 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   RouteSettings r;
   Map m(L, it, {"name", "method", "path", "scope", "key", "fingerprint", "retention", "lease",
                 "wait", "retry_after", "mismatch_status", "store", "replay_headers",
-                "max_stored_body", "completion"});
+                "max_stored_body", "completion", "async", "replay", "on_unknown_outcome",
+                "reconcile"});
   const auto name = m.required("name");
   r.name = L.text(name);
   if (!is_route_name(r.name)) {
@@ -642,6 +692,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     r.completion = L.choice<Completion>(
         *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
   }
+  parse_long_operations(L, m, r);
   check_route(L, it, tenant, lines, r);
   return r;
 }
@@ -665,7 +716,7 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
   Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
-                  "cleanup", "replay_cache", "unmatched", "routes"});
+                  "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
@@ -679,6 +730,13 @@ Settings parse_root(const Loader& L, const Item& root) {
   if (auto v = m.get("replay_cache")) parse_replay_cache(L, *v, s.replay_cache);
   if (auto v = m.get("unmatched")) {
     s.unmatched = L.choice<Unmatched>(*v, {{"pass", Unmatched::pass}, {"reject", Unmatched::reject}});
+  }
+  if (auto v = m.get("policy_path")) {
+    s.policy_path = L.text(*v);
+    if (!s.policy_path.empty()) {
+      L.with_syntax(*v, [&] { detail::check_route_path(s.policy_path); });
+      if (s.policy_path.find('{') != std::string::npos) L.fail(*v, "cannot be a template");
+    }
   }
   if (auto v = m.get("routes")) {
     std::map<std::string, std::string> names;   // name -> path of first use

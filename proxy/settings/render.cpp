@@ -318,6 +318,7 @@ void render_globals(YamlOut& y, const Settings& s) {
   y.line(2, "ttl", format_duration(s.replay_cache.ttl));
 
   y.line(0, "unmatched", name(s.unmatched));
+  y.line(0, "policy_path", yaml_quote(s.policy_path));
 }
 
 void render_fingerprint(YamlOut& y, const FingerprintSettings& f) {
@@ -362,6 +363,22 @@ void render_route(YamlOut& y, const RouteSettings& r) {
   y.line(4, "replay_headers", flow_list(r.replay_headers));
   y.line(4, "max_stored_body", format_size(r.max_stored_body));
   y.line(4, "completion", r.completion == Completion::backend ? "backend" : "sidecar");
+  if (r.async) {
+    y.section(4, "async");
+    y.line(6, "after", format_duration(r.async->after));
+    y.line(6, "status_path", yaml_quote(r.async->status_path));
+  } else {
+    y.text += "    # async: not set, answers wait for the upstream\n";
+  }
+  y.section(4, "replay");
+  y.line(6, "mode", r.replay_mode == ReplayMode::refetch ? "refetch" : "stored");
+  y.line(4, "on_unknown_outcome",
+         r.on_unknown_outcome == UnknownOutcome::reconcile ? "reconcile" : "retake");
+  if (r.on_unknown_outcome == UnknownOutcome::reconcile) {
+    y.section(4, "reconcile");
+    y.line(6, "method", r.reconcile.method);
+    y.line(6, "path", yaml_quote(r.reconcile.path));
+  }
 }
 
 }  // namespace

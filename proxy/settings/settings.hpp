@@ -118,6 +118,26 @@ struct StoreSettings {
 // backend itself, inside the transaction of its own writes (docs/backend.md).
 enum class Completion { sidecar, backend };
 
+// A slow operation answers 202 Accepted once the upstream has not answered within
+// `after`, with the status resource `status_path` (a template with one {operation_id}
+// segment, served on the main listener) in Location; the exchange goes on behind it.
+struct AsyncSettings {
+  Millis after{0};
+  std::string status_path;
+};
+
+// How a replay answers: the stored bytes, or the stored status with the resource's current
+// representation fetched from the backend with the retrying client's own credentials.
+enum class ReplayMode { stored, refetch };
+
+// What a takeover does when the earlier attempt's outcome is unknown (a timeout, a crash
+// mid-call): forward again (`retake`), or first ask the backend whether the operation
+// happened (`reconcile`: `method` `path`, a template with one {operation_id} segment).
+enum class UnknownOutcome { retake, reconcile };
+struct ReconcileSettings {
+  std::string method = "GET";
+  std::string path;
+};
 struct RouteSettings {
   std::string name;
   std::string method;   // upper-case token
@@ -134,6 +154,10 @@ struct RouteSettings {
   std::vector<std::string> replay_headers{"Content-Type", "Location", "ETag"};
   std::size_t max_stored_body = 1u << 20;
   Completion completion = Completion::sidecar;
+  std::optional<AsyncSettings> async;  // absent: answers wait for the upstream
+  ReplayMode replay_mode = ReplayMode::stored;
+  UnknownOutcome on_unknown_outcome = UnknownOutcome::retake;
+  ReconcileSettings reconcile;  // with on_unknown_outcome: reconcile
   // Line of the route's fingerprint section (or of the route) in the file, so errors found
   // when the route is compiled still name a line. 0 when not loaded from a file.
   int source_line = 0;
@@ -153,6 +177,8 @@ struct Settings {
   CleanupSettings cleanup;
   ReplayCacheSettings replay_cache;
   Unmatched unmatched = Unmatched::pass;
+  // Where clients read the routes' idempotency policy (GET, JSON); "" = not served.
+  std::string policy_path = "/.well-known/idempotency";
   std::vector<RouteSettings> routes;
 };
 

@@ -149,20 +149,21 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
       Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
 }
 
-asio::awaitable<result<Completion>> MemoryStore::complete(const RecordId& id, std::int64_t fence,
+asio::awaitable<result<Completed>> MemoryStore::complete(const RecordId& id, std::int64_t fence,
                                                           const StoredResponse& response,
                                                           Millis retention) {
   std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<Completion>();
+  if (unavailable_) co_return unavailable<Completed>();
   auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
-  if (it == rows_.end()) co_return Completion::fenced;
+  if (it == rows_.end()) co_return Completed{Completion::fenced, 0};
   Row& row = *it->second;
   // As stored: an omitted body is kept as none (PostgreSQL stores NULL).
   StoredResponse kept = response;
   if (kept.body_omitted) kept.body.clear();
-  if (row.fence != fence) co_return Completion::fenced;
+  if (row.fence != fence) co_return Completed{Completion::fenced, 0};
   if (row.state == State::completed) {
-    co_return row.response == kept ? Completion::already_recorded : Completion::fenced;
+    if (row.response != kept) co_return Completed{Completion::fenced, 0};
+    co_return Completed{Completion::already_recorded, epoch_us(row.expires_at)};
   }
   const auto now = now_();
   row.state = State::completed;
@@ -170,7 +171,7 @@ asio::awaitable<result<Completion>> MemoryStore::complete(const RecordId& id, st
   row.completed_at = now;
   row.expires_at = now + retention;
   row.lease_expires_at.reset();
-  co_return Completion::recorded;
+  co_return Completed{Completion::recorded, epoch_us(row.expires_at)};
 }
 
 // The row of `id` while the holder of `fence` owns it (in progress, same fencing token);

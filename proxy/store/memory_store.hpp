@@ -30,7 +30,7 @@ class MemoryStore final : public Store {
                                                               Millis lease) override;
   asio::awaitable<result<std::optional<Ownership>>> replace_expired(
       const ClaimRequest& req, std::int64_t seen_fence) override;
-  asio::awaitable<result<Completion>> complete(const RecordId& id, std::int64_t fence,
+  asio::awaitable<result<Completed>> complete(const RecordId& id, std::int64_t fence,
                                                const StoredResponse& response,
                                                Millis retention) override;
   asio::awaitable<result<bool>> release(const RecordId& id, std::int64_t fence) override;

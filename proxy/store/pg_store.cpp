@@ -141,14 +141,15 @@ SET state = 'completed',
     lease_expires_at = NULL
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $4::bigint
-  AND state = 'in_progress')sql";
+  AND state = 'in_progress'
+RETURNING (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
 // Run only when a completion wrote nothing: was it because this very fence already
 // recorded this very answer (a retried completion whose first try committed), or because
 // another claim owns the row? A statement of its own, so it sees every commit so far. The
 // parameters are the completion's, but for the retention.
 constexpr const char* kCompletedAlreadySql = R"sql(
-SELECT 1 FROM idempotency_requests
+SELECT (extract(epoch FROM expires_at) * 1000000)::bigint FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $4::bigint
   AND state = 'completed'
@@ -448,7 +449,7 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
   co_return returned_ownership(*r);
 }
 
-asio::awaitable<result<Completion>> PgStore::complete(const RecordId& id, std::int64_t fence,
+asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::int64_t fence,
                                                       const StoredResponse& response,
                                                       Millis retention) {
   const std::string token = std::to_string(fence);
@@ -467,11 +468,19 @@ asio::awaitable<result<Completion>> PgStore::complete(const RecordId& id, std::i
   auto check_params = params;  // the same, without the retention
   params.push_back(pg::Param::text(retention_ms));
   auto r = co_await pool_->execute(kComplete, std::move(params));
-  if (!r) co_return failed<Completion>(r.error());
-  if (r->affected_rows() == 1) co_return Completion::recorded;
+  if (!r) co_return failed<Completed>(r.error());
+  const auto expiry = [](const pg::Result& rows) -> result<Completed> {
+    const auto us = rows.int64(0, 0);
+    if (!us) return bad_row();
+    return Completed{Completion::recorded, *us};
+  };
+  if (r->rows() == 1) co_return expiry(*r);
   auto already = co_await pool_->execute(kCompletedAlready, std::move(check_params));
-  if (!already) co_return failed<Completion>(already.error());
-  co_return already->rows() == 1 ? Completion::already_recorded : Completion::fenced;
+  if (!already) co_return failed<Completed>(already.error());
+  if (already->rows() != 1) co_return Completed{Completion::fenced, 0};
+  auto done = expiry(*already);
+  if (done) done->outcome = Completion::already_recorded;
+  co_return done;
 }
 
 asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t fence) {

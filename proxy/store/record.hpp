@@ -75,6 +75,14 @@ struct Record {
 // a success; only `fenced` means another claim owns the record (or it is gone).
 enum class Completion { recorded, already_recorded, fenced };
 
+// What complete() returns: the outcome and, unless fenced, the record's expiry (the one
+// clients are told: Idempotency-Key-Expires).
+struct Completed {
+  Completion outcome = Completion::fenced;
+  std::int64_t expires_at_us = 0;  // Unix epoch microseconds; 0 when fenced
+  friend bool operator==(const Completed& c, Completion o) { return c.outcome == o; }
+};
+
 struct ClaimRequest {
   RecordId id;
   std::string fingerprint;

@@ -47,7 +47,7 @@ class Store {
 
   // Guarded by fence: in_progress -> completed with the response, completed_at = now,
   // expires_at = now + retention. See Completion for what else it may answer.
-  virtual asio::awaitable<result<Completion>> complete(const RecordId& id, std::int64_t fence,
+  virtual asio::awaitable<result<Completed>> complete(const RecordId& id, std::int64_t fence,
                                                        const StoredResponse& response,
                                                        Millis retention) = 0;
 

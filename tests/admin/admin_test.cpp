@@ -55,9 +55,9 @@ class HangingStore final : public store::Store {
       const store::ClaimRequest&, std::int64_t) override {
     return hang<std::optional<store::Ownership>>();
   }
-  asio::awaitable<result<store::Completion>> complete(const store::RecordId&, std::int64_t,
+  asio::awaitable<result<store::Completed>> complete(const store::RecordId&, std::int64_t,
                                                       const store::StoredResponse&, Millis) override {
-    return hang<store::Completion>();
+    return hang<store::Completed>();
   }
   asio::awaitable<result<bool>> release(const store::RecordId&, std::int64_t) override {
     return hang<bool>();

@@ -142,7 +142,7 @@ class ProbeStore final : public store::Store {
       const store::ClaimRequest& req, std::int64_t seen) override {
     return inner_.replace_expired(req, seen);
   }
-  asio::awaitable<result<store::Completion>> complete(const store::RecordId& id, std::int64_t fence,
+  asio::awaitable<result<store::Completed>> complete(const store::RecordId& id, std::int64_t fence,
                                                       const store::StoredResponse& response,
                                                       Millis retention) override {
     ++completes;
@@ -1102,7 +1102,7 @@ upstream::Outcome backend_recording(Fixture& f, const upstream::Request& req, in
   const auto fence = fence_of_reference(req["X-Idempotency-Record"]);
   std::optional<store::Completion> done;
   asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
-    done = (co_await f.store.complete(id, fence, rec, Millis{3600000})).value();
+    done = (co_await f.store.complete(id, fence, rec, Millis{3600000})).value().outcome;
   }, asio::detached);
   // The store answers without suspending: the completion has run by now.
   REQUIRE(done == store::Completion::recorded);
@@ -1217,4 +1217,243 @@ TEST_CASE("a backend directive releases or records one answer against the route'
     CHECK(f.row("k1")->state == store::State::completed);
     CHECK(f.metrics.directives("invalid") == 1);
   }
+}
+
+// ---- Long operations: key expiry, re-fetch replays, reconciliation --------------------------
+
+TEST_CASE("the key's expiry is advertised from the record: first answer, replay, in progress") {
+  Fixture f;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  const std::string expires = imf_fixdate_from_us(row->expires_at_us);
+  CHECK(first["Idempotency-Key-Expires"] == expires);
+  auto again = f.call(Fixture::order("k1", kBody));
+  CHECK(again["Idempotent-Replayed"] == "true");
+  CHECK(again["Idempotency-Key-Expires"] == expires);
+  // A backend's own value never reaches the client.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotency-Key-Expires", "Thu, 01 Jan 2099 00:00:00 GMT");
+    co_return out;
+  });
+  auto other = f.call(Fixture::order("k2", kBody));
+  CHECK(other["Idempotency-Key-Expires"] == imf_fixdate_from_us(f.row("k2")->expires_at_us));
+  // A mismatch is about another request's key: nothing about its lifetime goes out.
+  auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c2","amount":1})"));
+  CHECK(reused.result_int() == 409);
+  CHECK(reused["Idempotency-Key-Expires"].empty());
+}
+
+TEST_CASE("the key's expiry: a duplicate that gives up waiting is told the running record's") {
+  Fixture f;
+  auto gate = f.upstream.hold_next_on_own_gate();
+  std::optional<server::Response> owner, dup;
+  std::int64_t running_expiry = 0;
+  asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> { owner = co_await f.handle(Fixture::order("k9", kBody)); }, asio::detached);
+    asio::co_spawn(f.ioc, [&]() -> asio::awaitable<void> {
+      dup = co_await f.handle(Fixture::order("k9", kBody));
+      const store::RecordId id{"t1", "POST /orders", "k9"};
+      auto r = co_await f.store.read(id);
+      if (r && *r) running_expiry = (*r)->expires_at_us;
+      gate->cancel();  // only now may the owner complete
+    }, asio::detached);
+    co_return;
+  }, asio::detached);
+  f.ioc.restart();
+  f.ioc.run();
+  REQUIRE(dup);
+  REQUIRE(dup->result_int() == 409);
+  REQUIRE(running_expiry > 0);
+  CHECK((*dup)["Idempotency-Key-Expires"] == imf_fixdate_from_us(running_expiry));
+  REQUIRE(owner);
+  CHECK((*owner)["Idempotency-Key-Expires"] == imf_fixdate_from_us(f.row("k9")->expires_at_us));
+}
+
+namespace {
+
+server::Request with_credentials(server::Request req, std::string_view auth) {
+  req.set(http::field::authorization, auth);
+  return req;
+}
+
+void answer_with(ScriptedUpstream& up, int status, std::string body, std::string etag = {}) {
+  up.scripts.push_back([status, body, etag](const upstream::Request&, int) -> asio::awaitable<upstream::Outcome> {
+    upstream::Outcome out;
+    out.response.result(static_cast<http::status>(status));
+    out.response.version(11);
+    out.response.set(http::field::content_type, "application/json");
+    if (!etag.empty()) out.response.set(http::field::etag, etag);
+    out.response.body() = body;
+    out.response.prepare_payload();
+    co_return out;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("refetch: a replay GETs the resource as the retrying client and answers the first status") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+
+  answer_with(f.upstream, 200, R"({"order_id":"ord-1","status":"shipped"})", "\"v2\"");
+  auto replay = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice-renewed"));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& fetch = f.upstream.calls[1];
+  CHECK(fetch.method() == http::verb::get);
+  CHECK(fetch.target() == "/orders/ord-1");
+  CHECK(fetch[http::field::authorization] == "Bearer alice-renewed");
+  CHECK(fetch["X-Tenant-Id"] == "t1");
+  CHECK(fetch.body().empty());
+  CHECK(fetch[http::field::content_type].empty());
+  CHECK(fetch["Idempotency-Key"].empty());
+  CHECK(fetch["X-Idempotency-Operation-Id"].empty());  // not an owner: nothing to trust
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay["Idempotent-Replay-Body"] == "current");
+  CHECK(replay[http::field::location] == "/orders/ord-1");
+  CHECK(replay[http::field::etag] == "\"v2\"");
+  CHECK(replay.body() == R"({"order_id":"ord-1","status":"shipped"})");
+  CHECK(f.metrics.refetches("fetched") == 1);
+  // The record is untouched: the next stored-mode replay still has the first body.
+  CHECK(f.row("k1")->response->body == first.body());
+}
+
+TEST_CASE("refetch: a client the backend refuses gets the refusal, nothing of the record") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  answer_with(f.upstream, 403, R"({"error":"forbidden"})");
+  auto refused = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer mallory"));
+  CHECK(refused.result_int() == 403);
+  CHECK(refused.body() == R"({"error":"forbidden"})");
+  CHECK(refused["Idempotent-Replayed"].empty());
+  CHECK(refused[http::field::location].empty());
+  CHECK(f.metrics.refetches("refused") == 1);
+}
+
+TEST_CASE("refetch: a failed fetch is a 502 problem with nothing of the record") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  SUBCASE("a 5xx") { answer_with(f.upstream, 500, R"({"order_id":"ord-1"})"); }
+  SUBCASE("no answer") { f.upstream.fail_next(upstream::Failure::timeout); }
+  SUBCASE("a redirect") { answer_with(f.upstream, 302, ""); }
+  auto failed = f.call(Fixture::order("k1", kBody));
+  CHECK(failed.result_int() == 502);
+  CHECK(problem_code(failed) == "replay_refetch_failed");
+  CHECK(failed.body().find("ord-1") == std::string::npos);
+  CHECK(failed[http::field::location].empty());
+  CHECK_FALSE(failed[http::field::retry_after].empty());
+  CHECK(f.metrics.refetches("failed") == 1);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::replay_failed) == 1);
+}
+
+TEST_CASE("refetch: a record without a Location replays its stored bytes") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  answer_with(f.upstream, 422, R"({"error":"out of stock"})");
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 422);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay.result_int() == 422);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  CHECK(f.upstream.calls.size() == 1);
+}
+
+namespace {
+
+void use_reconcile(Fixture& f) {
+  f.route().on_unknown_outcome = settings::UnknownOutcome::reconcile;
+  f.route().reconcile.method = "GET";
+  f.route().reconcile.path = "/orders/by-operation/{operation_id}";
+}
+
+}  // namespace
+
+TEST_CASE("reconcile: a found operation is recorded and answered without a second create") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  auto timed_out = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(timed_out.result_int() == 504);
+  // The lookup answers what the create would have: 201 with the order.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int) -> asio::awaitable<upstream::Outcome> {
+    co_return ScriptedUpstream::created(1, req);
+  });
+  auto retry = f.call(with_credentials(Fixture::order("k1", kBody), "Bearer alice"));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& ask = f.upstream.calls[1];
+  const auto op = idempotency::operation_id("t1", "POST /orders", "k1");
+  CHECK(ask.method() == http::verb::get);
+  CHECK(ask.target() == "/orders/by-operation/" + op);
+  CHECK(ask["X-Idempotency-Operation-Id"] == op);
+  CHECK(ask["X-Idempotency-Attempt"] == "2");
+  CHECK(ask[http::field::authorization] == "Bearer alice");
+  CHECK(ask.body().empty());
+  CHECK(retry.result_int() == 201);
+  CHECK(retry[http::field::location] == "/orders/ord-1");
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->attempt == 2);
+  CHECK(row->response->resource_id == "/orders/ord-1");
+  CHECK(f.metrics.reconciliations("found") == 1);
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == retry.body());
+  CHECK(f.upstream.calls.size() == 2);  // one create, one lookup: nothing else
+}
+
+TEST_CASE("reconcile: not found, the request is forwarded again as the next attempt") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 504);
+  answer_with(f.upstream, 404, R"({"error":"no such operation"})");
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 3);
+  CHECK(f.upstream.calls[1].method() == http::verb::get);
+  CHECK(f.upstream.calls[2].method() == http::verb::post);
+  CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "2");
+  CHECK(f.upstream.calls[2].body() == kBody);
+  CHECK(f.metrics.reconciliations("not_found") == 1);
+  CHECK(f.row("k1")->state == store::State::completed);
+}
+
+TEST_CASE("reconcile: not known, nothing is forwarded and the next retry asks again") {
+  Fixture f;
+  use_reconcile(f);
+  f.upstream.fail_next(upstream::Failure::timeout);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 504);
+  SUBCASE("a 5xx") { answer_with(f.upstream, 503, "{}"); }
+  SUBCASE("no answer") { f.upstream.fail_next(upstream::Failure::connect_failed); }
+  auto retry = f.call(Fixture::order("k1", kBody));
+  CHECK(retry.result_int() == 503);
+  CHECK(problem_code(retry) == "reconcile_failed");
+  CHECK_FALSE(retry[http::field::retry_after].empty());
+  REQUIRE(f.upstream.calls.size() == 2);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::in_progress);
+  CHECK(row->lease_expired);
+  CHECK(f.metrics.reconciliations("failed") == 1);
+  // The next retry asks again, as attempt 3, and on "found" records.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int) -> asio::awaitable<upstream::Outcome> {
+    co_return ScriptedUpstream::created(1, req);
+  });
+  auto third = f.call(Fixture::order("k1", kBody));
+  CHECK(third.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 3);
+  CHECK(f.upstream.calls[2].method() == http::verb::get);
+  CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "3");
 }

@@ -119,6 +119,20 @@ TEST_CASE("headers: a Location with bytes outside printable ASCII is a text reso
   CHECK(resource_id_from_location("/orders/\xff\xfe x") == "/orders/%FF%FE%20x");
 }
 
+TEST_CASE("headers: a re-fetch never leaves the upstream: an absolute URL by its path only") {
+  CHECK(refetch_target("/orders/ord-1") == "/orders/ord-1");
+  CHECK(refetch_target("/orders/ord-1?view=full#top") == "/orders/ord-1?view=full");
+  CHECK(refetch_target("https://evil.example/orders/1") == "/orders/1");
+  CHECK(refetch_target("HTTP://evil.example:8080/a?b") == "/a?b");
+  CHECK(refetch_target("http://evil.example?x=1") == "/?x=1");
+  CHECK(refetch_target("http://evil.example") == "/");
+  CHECK(refetch_target("//evil.example/orders/1").empty());
+  CHECK(refetch_target("orders/1").empty());
+  CHECK(refetch_target("ftp://host/x").empty());
+  CHECK(refetch_target("").empty());
+  CHECK(refetch_target("#frag").empty());
+}
+
 TEST_CASE("router: loose segments read a path as lenient backends do") {
   using V = std::vector<std::string>;
   CHECK(loose_segments("/orders") == V{"orders"});

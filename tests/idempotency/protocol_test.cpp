@@ -488,3 +488,108 @@ TEST_CASE("backend completion: a record other than the answer sent is read, and 
     check_answer(r(StoreFailed{}), Answer::unrecorded);
   }
 }
+
+// ---- Long operations: re-fetch replays, reconciliation of unknown outcomes ------------------
+
+TEST_CASE("refetch: a replay of a record with a resource re-fetches it, and answers by the fetch") {
+  ProtocolOptions o = test_options();
+  o.refetch = true;
+  Run r(o);
+  r(Begin{});
+  RowView row = completed();
+  row.has_resource = true;
+  REQUIRE(r(lost_with(row)).step == Step::refetch);
+  SUBCASE("fetched") { check_answer(r(Refetched{RefetchResult::fetched}), Answer::refetched); }
+  SUBCASE("refused") {
+    check_answer(r(Refetched{RefetchResult::refused}), Answer::refetch_refused);
+  }
+  SUBCASE("failed") { check_answer(r(Refetched{RefetchResult::failed}), Answer::refetch_failed); }
+}
+
+TEST_CASE("refetch: a record without a resource, or a route in stored mode, replays the bytes") {
+  RowView row = completed();
+  SUBCASE("no resource on a refetch route") {
+    ProtocolOptions o = test_options();
+    o.refetch = true;
+    Run r(o);
+    r(Begin{});
+    check_answer(r(lost_with(row)), Answer::replay);
+  }
+  SUBCASE("a resource on a stored route") {
+    Run r;
+    r(Begin{});
+    row.has_resource = true;
+    check_answer(r(lost_with(row)), Answer::replay);
+  }
+}
+
+TEST_CASE("refetch: a mismatch or another principal is refused before anything is fetched") {
+  ProtocolOptions o = test_options();
+  o.refetch = true;
+  Run r(o);
+  r(Begin{});
+  RowView row = completed(kOtherFp);
+  row.has_resource = true;
+  check_answer(r(lost_with(row)), Answer::mismatch);
+}
+
+// A takeover that won, on a reconcile route.
+Run reconciling(std::int64_t fence = 18) {
+  ProtocolOptions o = test_options();
+  o.reconcile = true;
+  Run r(o);
+  r(Begin{});
+  REQUIRE(r(lost_with(running(0ms, 17))).step == Step::take_over);
+  const auto ask = r(Acquired{Ownership{2, fence}});
+  REQUIRE(ask.step == Step::reconcile);
+  REQUIRE(ask.owner == Ownership{2, fence});
+  return r;
+}
+
+TEST_CASE("reconcile: found, the lookup's answer is recorded under the new fence; no forward") {
+  Run r = reconciling(18);
+  const auto complete = r(Reconciled{ReconcileResult::found});
+  CHECK(complete.step == Step::complete);
+  CHECK(complete.fence == 18);
+  check_answer(r(Completed{Completion::recorded}), Answer::recorded);
+}
+
+TEST_CASE("reconcile: not found, the request is forwarded as the new attempt") {
+  Run r = reconciling(18);
+  const auto fwd = r(Reconciled{ReconcileResult::not_found});
+  CHECK(fwd.step == Step::forward);
+  CHECK(fwd.owner == Ownership{2, 18});
+}
+
+TEST_CASE("reconcile: not known, nothing is forwarded; the lease ends so the next retry asks") {
+  Run r = reconciling(18);
+  const auto expire = r(Reconciled{ReconcileResult::failed});
+  CHECK(expire.step == Step::expire_lease);
+  CHECK(expire.fence == 18);
+  check_answer(r(Written{true}), Answer::reconcile_failed);
+}
+
+TEST_CASE("reconcile: a found answer whose completion is fenced answers from the record") {
+  Run r = reconciling(18);
+  REQUIRE(r(Reconciled{ReconcileResult::found}).step == Step::complete);
+  CHECK(r(Completed{Completion::fenced}).step == Step::read);
+  check_answer(r(RowRead{completed(kFp, 19)}), Answer::replay, Fenced::completion, true);
+}
+
+TEST_CASE("reconcile: a fresh claim, and a replacement after retention, forward without asking") {
+  ProtocolOptions o = test_options();
+  o.reconcile = true;
+  SUBCASE("claim") {
+    Run r(o);
+    r(Begin{});
+    CHECK(r(won(1, 5)).step == Step::forward);
+  }
+  SUBCASE("replacement") {
+    Run r(o);
+    r(Begin{});
+    RowView old = completed(kOtherFp, 23);
+    old.expired = true;
+    REQUIRE(r(lost_with(old)).step == Step::replace);
+    CHECK(r(Acquired{Ownership{2, 30}}).step == Step::forward);
+  }
+}

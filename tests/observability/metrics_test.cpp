@@ -48,7 +48,9 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
-  CHECK(e.types.size() == 18);
+  CHECK(e.types.at("idemproxy_refetches_total") == "counter");
+  CHECK(e.types.at("idemproxy_reconciliations_total") == "counter");
+  CHECK(e.types.size() == 20);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -187,7 +189,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 18);
+        CHECK(e.types.size() == 20);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
@@ -256,6 +258,8 @@ TEST_CASE("outcome and store op names") {
   CHECK(to_string(Outcome::unknown_outcome) == "unknown_outcome");
   CHECK(to_string(Outcome::store_unavailable) == "store_unavailable");
   CHECK(to_string(Outcome::passthrough) == "passthrough");
+  CHECK(to_string(Outcome::accepted) == "accepted");
+  CHECK(to_string(Outcome::replay_failed) == "replay_failed");
   CHECK(to_string(StoreOp::take_over) == "take_over");
   CHECK(to_string(StoreOp::expire_lease) == "expire_lease");
   CHECK(to_string(StoreOp::cleanup) == "cleanup");
