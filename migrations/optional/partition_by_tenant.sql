@@ -1,4 +1,5 @@
--- Opt-in: hash-partition the record table by tenant (docs/scaling.md, "Partitioning").
+-- Opt-in: hash-partition the record table by tenant (docs/scaling.md, "Hash partitioning
+-- by tenant").
 --
 -- Not a migration: `idemproxy migrate` never runs it, and the default schema stays one
 -- table. It rebuilds idempotency_requests, in one transaction, as a table partitioned by
