@@ -42,11 +42,14 @@ class Gateway {
   // for these on shutdown).
   std::size_t owners_in_flight() const noexcept { return owners_in_flight_; }
 
-  struct Exchange;  // one request's state; defined in gateway.cpp
+  struct Exchange;  // one request's state (gateway/exchange.hpp)
+  struct AsyncJob;  // a request on an async route, detached from its client
 
  private:
   asio::awaitable<server::Response> protected_request(Exchange& x);
   std::optional<server::Response> admit(Exchange& x);
+  // The tenant (and principal, when configured) alone: all a status request needs.
+  std::optional<server::Response> admit_identity(Exchange& x);
   // The driver of idempotency::Protocol, and the steps it performs.
   asio::awaitable<server::Response> run_protocol(Exchange& x);
   asio::awaitable<idempotency::Event> claim(Exchange& x);
@@ -63,6 +66,13 @@ class Gateway {
   asio::awaitable<idempotency::Event> refetch(Exchange& x);
   asio::awaitable<idempotency::Event> reconcile(Exchange& x, store::Ownership owner);
   server::Response refetch_answer(Exchange& x, idempotency::Answer answer);
+  // Routes with `async` (gateway/async_operations.cpp).
+  asio::awaitable<server::Response> run_async(Exchange& x);
+  asio::awaitable<server::Response> accepted(Exchange& x, std::int64_t attempt,
+                                             std::int64_t expires_at_us);
+  asio::awaitable<server::Response> operation_status(Exchange& x, const StatusMatch& m);
+  void note_background(const Exchange& x);
+
   server::Response answer(Exchange& x, const idempotency::Action& a);
   void note_fenced(Exchange& x, const idempotency::Action& a);
   asio::awaitable<server::Response> pass_through(Exchange& x);

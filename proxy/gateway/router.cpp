@@ -1,6 +1,7 @@
 #include "gateway/router.hpp"
 
 #include "gateway/headers.hpp"
+#include "gateway/policy.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -102,7 +103,37 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
     }
     rt->routes_.push_back(std::move(compiled));
   }
+  // After the loop: routes_ no longer moves, so the pointers stay valid.
+  for (const auto& route : rt->routes_) {
+    if (!route.settings->async) continue;
+    StatusTemplate t;
+    t.segments = split_path(route.settings->async->status_path);
+    t.id_at = static_cast<std::size_t>(
+        std::find(t.segments.begin(), t.segments.end(), "{operation_id}") - t.segments.begin());
+    t.route = &route;
+    rt->status_templates_.push_back(std::move(t));
+  }
+  rt->policy_ = policy_document(*rt->settings_);
   return rt;
+}
+
+std::optional<StatusMatch> Runtime::match_status(std::string_view method,
+                                                 std::string_view path) const {
+  if (status_templates_.empty() || method != "GET") return std::nullopt;
+  const auto segments = split_path(path);
+  std::optional<StatusMatch> found;
+  for (const auto& t : status_templates_) {
+    if (t.segments.size() != segments.size() || t.id_at >= segments.size()) continue;
+    bool ok = !segments[t.id_at].empty();
+    for (std::size_t i = 0; i < segments.size() && ok; ++i) {
+      if (i != t.id_at) ok = t.segments[i] == segments[i];
+    }
+    if (!ok) continue;
+    if (!found) found.emplace().operation_id = segments[t.id_at];
+    // Two templates can only both match with the id in the same place if they are equal.
+    if (found->operation_id == segments[t.id_at]) found->routes.push_back(t.route);
+  }
+  return found;
 }
 
 const CompiledRoute* Runtime::match(std::string_view method, std::string_view path) const {

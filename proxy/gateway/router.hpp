@@ -30,6 +30,13 @@ struct CompiledRoute {
 // segments dropped ("//", a trailing '/'), dot segments resolved.
 std::vector<std::string> loose_segments(std::string_view path);
 
+// A GET of an operation status resource (routes with `async`): the operation id the path
+// names, and the routes whose status_path it matched (several routes may share one).
+struct StatusMatch {
+  std::string operation_id;
+  std::vector<const CompiledRoute*> routes;
+};
+
 // One immutable snapshot of the configuration: a reload builds a new one and swaps the
 // pointer; requests keep the snapshot they started with.
 class Runtime {
@@ -49,14 +56,27 @@ class Runtime {
   // Such a request is refused: forwarded unprotected, it could run a protected operation.
   const CompiledRoute* resembles(std::string_view method, std::string_view path) const;
 
+  // A GET whose path matches an async route's status_path; compared like match().
+  std::optional<StatusMatch> match_status(std::string_view method, std::string_view path) const;
+
   // The header names idemproxy decides by: the tenant and principal headers, and every
   // route's key and fingerprint headers (gateway/inbound.hpp).
   const std::vector<std::string>& decided_headers() const noexcept { return decided_headers_; }
+
+  // The policy document served at settings().policy_path (gateway/policy.hpp).
+  const std::string& policy() const noexcept { return policy_; }
 
  private:
   std::shared_ptr<const settings::Settings> settings_;
   std::vector<CompiledRoute> routes_;
   std::vector<std::string> decided_headers_;
+  struct StatusTemplate {
+    std::vector<std::string> segments;  // "{operation_id}" at `id_at`
+    std::size_t id_at = 0;
+    const CompiledRoute* route = nullptr;
+  };
+  std::vector<StatusTemplate> status_templates_;
+  std::string policy_;
 };
 
 // Holds the current snapshot; load() is a lock-free atomic read on the request path.

@@ -29,8 +29,11 @@ constexpr int kOutcomeCount = 11;
 std::string_view to_string(Outcome o) noexcept;
 
 // idemproxy_store_duration_seconds{op}
-enum class StoreOp { claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup };
-constexpr int kStoreOpCount = 10;
+enum class StoreOp {
+  claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup,
+  register_operation, find_operation
+};
+constexpr int kStoreOpCount = 12;
 std::string_view to_string(StoreOp op) noexcept;
 
 // The idemproxy_store_errors_total{kind} label for a failed store call: "unavailable",
@@ -61,6 +64,8 @@ class Metrics {
   void refetch(std::string_view result);
   // on_unknown_outcome: reconcile — the backend's lookup: "found", "not_found" or "failed".
   void reconciliation(std::string_view result);
+  // async routes: an operation that finished after its client got 202, by its outcome.
+  void async_operation(Outcome outcome);
   void lease_renewal();
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
@@ -77,6 +82,7 @@ class Metrics {
   std::uint64_t backend_completions(std::string_view result) const;
   std::uint64_t directives(std::string_view directive) const;
   std::uint64_t refetches(std::string_view result) const;
+  std::uint64_t async_operations(Outcome outcome) const;
   std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;

@@ -31,6 +31,8 @@ constexpr const char* kExpireLease = "idem_expire_lease";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kDeleteExpired = "idem_delete_expired";
 constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
+constexpr const char* kRegisterOperation = "idem_register_operation";
+constexpr const char* kFindOperation = "idem_find_operation";
 
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
@@ -50,30 +52,56 @@ RETURNING attempt_token, fencing_token,
           (extract(epoch FROM created_at) * 1000000)::bigint,
           (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
-// Column order is part of the contract with decode_record() below.
-constexpr const char* kReadSql = R"sql(
-SELECT request_fingerprint,
-       principal,
-       state,
-       attempt_token,
-       fencing_token,
-       (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,
-       (expires_at <= now()) AS expired,
-       CASE WHEN state = 'in_progress' AND lease_expires_at > now()
-            THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint
-            ELSE 0 END AS lease_remaining_ms,
-       response_status,
-       response_headers::text,
-       response_body,
-       response_body_omitted,
-       resource_id,
-       (extract(epoch FROM created_at) * 1000000)::bigint,
-       (extract(epoch FROM completed_at) * 1000000)::bigint,
-       (extract(epoch FROM expires_at) * 1000000)::bigint,
-       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
-       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint
+// Column order is part of the contract with decode_record() below. A macro, so that the
+// lookup by operation id reads exactly the same columns.
+#define IDEM_RECORD_COLUMNS \
+  "request_fingerprint,\n" \
+  "       principal,\n" \
+  "       state,\n" \
+  "       attempt_token,\n" \
+  "       fencing_token,\n" \
+  "       (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,\n" \
+  "       (expires_at <= now()) AS expired,\n" \
+  "       CASE WHEN state = 'in_progress' AND lease_expires_at > now()\n" \
+  "       THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint\n" \
+  "       ELSE 0 END AS lease_remaining_ms,\n" \
+  "       response_status,\n" \
+  "       response_headers::text,\n" \
+  "       response_body,\n" \
+  "       response_body_omitted,\n" \
+  "       resource_id,\n" \
+  "       (extract(epoch FROM created_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM completed_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM expires_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,\n" \
+  "       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint\n"
+
+constexpr const char* kReadSql = "SELECT " IDEM_RECORD_COLUMNS R"sql(
 FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
+
+// Long operations: an operation id registered for a record that exists (a record released
+// since has nothing to register; its cascade would remove the entry anyway). ON CONFLICT:
+// a duplicate's 202 registers the id the owner's registered already.
+constexpr const char* kRegisterOperationSql = R"sql(
+WITH registered AS (
+  INSERT INTO idempotency_operations (tenant_id, operation_id, endpoint, idempotency_key)
+  SELECT $1, $4, $2, $3
+  WHERE EXISTS (SELECT 1 FROM idempotency_requests
+                WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)
+  ON CONFLICT (tenant_id, operation_id) DO NOTHING
+  RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM idempotency_requests
+               WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3))sql";
+
+// The record of an operation id, within one tenant; its endpoint and key come last, after
+// the columns decode_record() reads.
+constexpr const char* kFindOperationSql = "SELECT " IDEM_RECORD_COLUMNS R"sql(,
+       endpoint, idempotency_key
+FROM idempotency_operations
+JOIN idempotency_requests USING (tenant_id, endpoint, idempotency_key)
+WHERE tenant_id = $1 AND operation_id = $2)sql";
+#undef IDEM_RECORD_COLUMNS
 
 // Compare-and-swap on the fencing token the caller saw: of several duplicates that all saw
 // the same expired lease, the row lock lets exactly one UPDATE match; the others re-check
@@ -247,8 +275,9 @@ enum ReadColumn {
   kReadColumns
 };
 
+// Reads the columns of IDEM_RECORD_COLUMNS, which come first (a lookup may add its own after).
 result<Record> decode_record(const pg::Result& r) {
-  if (r.columns() != kReadColumns) return bad_row();
+  if (r.columns() < kReadColumns) return bad_row();
   Record rec;
   rec.fingerprint = std::string(r.value(0, kColFingerprint));
   rec.principal = std::string(r.value(0, kColPrincipal));
@@ -334,6 +363,8 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kPurge, kPurgeSql},
       {kDeleteExpired, kDeleteExpiredSql},
       {kOldestInProgress, kOldestInProgressSql},
+      {kRegisterOperation, kRegisterOperationSql},
+      {kFindOperation, kFindOperationSql},
   };
   return statements;
 }
@@ -533,6 +564,36 @@ asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age()
   const auto ms = r->int64(0, 0);
   if (!ms) co_return bad_row();
   co_return std::optional<Millis>{Millis{*ms}};
+}
+
+asio::awaitable<result<bool>> PgStore::register_operation(const RecordId& id,
+                                                         std::string_view operation_id) {
+  auto params = key_params(id, {pg::Param::text(operation_id)});
+  auto r = co_await pool_->execute(kRegisterOperation, std::move(params));
+  if (!r) {
+    // The record was deleted between the EXISTS and the insert's key check: nothing to
+    // register, as if it had gone a moment earlier.
+    if (pg::sqlstate(r.error()) == "23503") co_return false;
+    co_return failed<bool>(r.error());
+  }
+  const auto exists = r->rows() == 1 ? r->boolean(0, 0) : std::nullopt;
+  if (!exists) co_return result<bool>(boost::system::in_place_error, bad_row());
+  co_return *exists;  // true: inserted, or registered already (ON CONFLICT)
+}
+
+asio::awaitable<result<std::optional<OperationRecord>>> PgStore::find_operation(
+    std::string_view tenant, std::string_view operation_id) {
+  std::vector<pg::Param> params{pg::Param::text(tenant), pg::Param::text(operation_id)};
+  auto r = co_await pool_->execute(kFindOperation, std::move(params));
+  if (!r) co_return failed<std::optional<OperationRecord>>(r.error());
+  if (r->rows() == 0) co_return std::optional<OperationRecord>{};
+  if (r->columns() != kReadColumns + 2) co_return bad_row();
+  auto rec = decode_record(*r);
+  if (!rec) co_return rec.error();
+  OperationRecord found{RecordId{std::string(tenant), std::string(r->value(0, kReadColumns)),
+                                 std::string(r->value(0, kReadColumns + 1))},
+                        std::move(*rec)};
+  co_return std::optional<OperationRecord>{std::move(found)};
 }
 
 }  // namespace idem::store

@@ -43,6 +43,10 @@ class PgStore final : public Store {
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+  asio::awaitable<result<bool>> register_operation(const RecordId& id,
+                                                   std::string_view operation_id) override;
+  asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) override;
 
  private:
   bool read_with_claim() const noexcept;

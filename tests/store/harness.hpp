@@ -143,7 +143,7 @@ class PgHarness {
         pool_(pg::Pool::create(ctx_.get_executor(), store_pool_options())),
         store_(pool_) {
     // Each case starts from an empty table: cleanup and count checks see only their rows.
-    sql_.exec("TRUNCATE idempotency_requests");
+    sql_.exec("TRUNCATE idempotency_requests CASCADE");
   }
 
   store::Store& store() { return store_; }
