@@ -4,11 +4,12 @@
 -- Not a migration: `idemproxy migrate` never runs it, and the default schema stays one
 -- table. It rebuilds idempotency_requests, in one transaction, as a table partitioned by
 -- HASH (tenant_id) with the same columns, constraints, defaults, indexes and triggers, the
--- rows copied over, and the old table dropped. Every request-path statement names the
+-- rows copied over, the old table dropped, and idempotency_operations' foreign key (ON
+-- DELETE CASCADE) pointed at the new table. Every request-path statement names the
 -- whole primary key, tenant_id first, so each touches one partition; only retention
 -- cleanup and the in-progress gauge read them all.
 --
--- Run it once, on schema version 4 (it refuses any other: a later migration may need it
+-- Run it once, on schema version 5 (it refuses any other: a later migration may need it
 -- updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
@@ -26,22 +27,29 @@ DECLARE
   partitions int := coalesce(nullif(current_setting('idemproxy.partitions', true), ''), '16')::int;
   version int;
   i int;
+  operations_fk name;
 BEGIN
   IF (SELECT relkind FROM pg_class WHERE oid = to_regclass('idempotency_requests')) = 'p' THEN
     RAISE NOTICE 'idempotency_requests is partitioned already; nothing to do';
     RETURN;
   END IF;
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
-  IF version IS DISTINCT FROM 4 THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema version 4, the database is at %', version
+  IF version IS DISTINCT FROM 5 THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema version 5, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN
     RAISE EXCEPTION 'idemproxy.partitions must be from 2 to 1024, not %', partitions;
   END IF;
 
-  -- Nobody reads or writes the table until the transaction ends.
-  LOCK TABLE idempotency_requests IN ACCESS EXCLUSIVE MODE;
+  -- Nobody reads or writes the tables until the transaction ends.
+  LOCK TABLE idempotency_requests, idempotency_operations IN ACCESS EXCLUSIVE MODE;
+  -- Migration 0005's operation ids reference the record (ON DELETE CASCADE): that key
+  -- moves to the new table below, under the same name.
+  SELECT c.conname INTO STRICT operations_fk FROM pg_constraint c
+  WHERE c.conrelid = 'idempotency_operations'::regclass AND c.contype = 'f'
+    AND c.confrelid = 'idempotency_requests'::regclass;
+  EXECUTE format('ALTER TABLE idempotency_operations DROP CONSTRAINT %I', operations_fk);
   ALTER TABLE idempotency_requests RENAME TO idempotency_requests_unpartitioned;
   ALTER INDEX idempotency_requests_pkey RENAME TO idempotency_requests_unpartitioned_pkey;
   ALTER INDEX idempotency_requests_expires_at_idx
@@ -75,6 +83,10 @@ BEGIN
 
   INSERT INTO idempotency_requests SELECT * FROM idempotency_requests_unpartitioned;
   DROP TABLE idempotency_requests_unpartitioned;  -- its triggers with it
+  EXECUTE format(
+    'ALTER TABLE idempotency_operations ADD CONSTRAINT %I FOREIGN KEY'
+    ' (tenant_id, endpoint, idempotency_key) REFERENCES idempotency_requests'
+    ' (tenant_id, endpoint, idempotency_key) ON DELETE CASCADE', operations_fk);
 
   -- Migration 0002's triggers. A row trigger on the partitioned table is cloned onto
   -- every partition; a TRUNCATE of one partition fires only that partition's statement

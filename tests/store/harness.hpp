@@ -104,6 +104,10 @@ inline void partition_store(const std::string& url, const std::string& partition
           "p");
   REQUIRE(db.scalar_int("SELECT count(*) FROM pg_inherits WHERE inhparent = "
                         "'idempotency_requests'::regclass") == std::stoll(partitions));
+  // Operation ids (migration 0005) still go with their record.
+  REQUIRE(db.scalar("SELECT confdeltype::text FROM pg_constraint WHERE contype = 'f' AND "
+                    "conrelid = 'idempotency_operations'::regclass AND "
+                    "confrelid = 'idempotency_requests'::regclass AND conparentid = 0") == "c");
   REQUIRE(store::apply_migrations(url, Millis{5000}).applied.empty());
 #endif
 }

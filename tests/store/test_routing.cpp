@@ -99,7 +99,7 @@ FROM generate_series(0, 63) g)sql");
 
 TEST_CASE("routing: every request-path statement touches its tenant's partition only") {
   test::Db sql(store_database().url());
-  sql.exec("TRUNCATE idempotency_requests");
+  sql.exec("TRUNCATE idempotency_requests CASCADE");
   seed_tenants(sql);
   const bool parts = partitioned(sql);
   MESSAGE(std::string(parts ? "record table partitioned by tenant" : "record table not partitioned"));
@@ -126,7 +126,7 @@ TEST_CASE("routing: every request-path statement touches its tenant's partition 
     CHECK(checked == 2 * (store::pg_store_statements().size() - kBackground.size()));
   }
   sql.exec("SELECT set_config('plan_cache_mode', 'auto', false)");
-  sql.exec("TRUNCATE idempotency_requests");
+  sql.exec("TRUNCATE idempotency_requests CASCADE");
 }
 
 TEST_CASE("routing: the backend-completion functions touch their tenant's partition only") {
