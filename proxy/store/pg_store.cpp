@@ -216,16 +216,22 @@ WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 // collected into an array first: "ctid = ANY(ARRAY(...))" runs the sub-select once as an
 // InitPlan and always deletes by TID scan, whereas "ctid IN (SELECT ...)" leaves the join
 // strategy to the planner (a hash join would scan the whole table). The sub-select walks
-// the expires_at index. The outer predicate is re-checked because it costs nothing and
-// keeps the DELETE correct on its own.
+// the expires_at index. A ctid names a row only within one table: on a table partitioned
+// by tenant (migrations/optional/partition_by_tenant.sql) the same ctid is a row in each
+// partition, so the pair (tableoid, ctid) picks the locked rows out of the TID scans;
+// without it a batch deletes up to one row per partition for each row it locked. The
+// outer predicate is re-checked because it costs nothing and keeps the DELETE correct on
+// its own.
 constexpr const char* kDeleteExpiredSql = R"sql(
+WITH doomed AS MATERIALIZED (
+  SELECT tableoid AS rel, ctid AS tid FROM idempotency_requests
+  WHERE expires_at <= now()
+    AND (state = 'completed' OR lease_expires_at <= now())
+  LIMIT $1::bigint
+  FOR UPDATE SKIP LOCKED)
 DELETE FROM idempotency_requests
-WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM idempotency_requests
-        WHERE expires_at <= now()
-          AND (state = 'completed' OR lease_expires_at <= now())
-        LIMIT $1::bigint
-        FOR UPDATE SKIP LOCKED))
+WHERE ctid = ANY(ARRAY(SELECT tid FROM doomed))
+  AND (tableoid, ctid) IN (SELECT rel, tid FROM doomed)
   AND expires_at <= now()
   AND (state = 'completed' OR lease_expires_at <= now()))sql";
 

@@ -20,6 +20,8 @@ idem_build_packages=(
 idem_fuzz_packages=(clang-14 libclang-rt-14-dev llvm-14)
 # The throwaway server of the tests and the demo (scripts/lib/pg-up), and psql.
 idem_postgres_packages=(postgresql-15 postgresql-client-15)
+# The throwaway pg_auto_failover cluster of the failover run (scripts/lib/paf-up).
+idem_failover_packages=(postgresql-15-auto-failover pg-auto-failover-cli)
 
 # idem_ensure_packages CALLER INSTALL PACKAGE...
 #   Installs the PACKAGEs that are missing with apt-get, as root or through sudo. With

@@ -608,6 +608,35 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   CHECK(h.row_count() == 3);
 }
 
+// Across tenants, which a table partitioned by tenant keeps in different partitions
+// (migrations/optional/partition_by_tenant.sql): a batch is still exactly its size.
+TEST_CASE_TEMPLATE("delete_expired: batches hold across tenants", H, STORES) {
+  H h;
+  auto& s = h.store();
+  for (int t = 0; t < 8; ++t) {
+    for (int k = 0; k < 3; ++k) {
+      const auto r = claim_req(rid("k" + std::to_string(k), "tenant-" + std::to_string(t)), "fp",
+                               1s, 1s);
+      REQUIRE(h.run(s.claim(r)).value().won);
+      REQUIRE(h.run(s.complete(r.id, fence_of(h, r.id), sample_response(), 1s)).value() ==
+              store::Completion::recorded);
+    }
+  }
+  const auto live = claim_req(rid("live", "tenant-3"), "fp", 1h, 1h);
+  REQUIRE(h.run(s.claim(live)).value().won);
+  h.advance(2s);
+  std::size_t total = 0;
+  for (int batch = 0; batch < 7; ++batch) {
+    const auto n = h.run(s.delete_expired(4)).value();
+    CHECK(n <= 4);
+    total += n;
+  }
+  CHECK(total == 24);
+  CHECK(h.run(s.delete_expired(4)).value() == 0);
+  CHECK(h.row_count() == 1);
+  CHECK(h.run(s.read(live.id)).value().has_value());
+}
+
 TEST_CASE_TEMPLATE("scope: the same key in other tenants and endpoints is another record", H,
                    STORES) {
   H h;
