@@ -162,6 +162,24 @@ std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
   return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
+// tenant.from: jwt | mtls (identity/identity.hpp): the verified tenant and principal
+// replace the identity headers before anything reads them; header mode does nothing here.
+std::optional<server::Response> identity_refusal(Gateway::Exchange& x) {
+  const auto* resolver = x.runtime->identity();
+  if (!resolver) return std::nullopt;
+  auto verified = resolver->resolve(x.request.base(), x.context.client_uris,
+                                    std::chrono::system_clock::now());
+  if (verified.ok) {
+    resolver->apply(verified, x.request.base());
+    return std::nullopt;
+  }
+  x.outcome = Outcome::rejected;
+  x.code = verified.code;
+  auto res = problem(x, verified.status, verified.code, verified.title, verified.detail);
+  if (!verified.challenge.empty()) res.set(http::field::www_authenticate, verified.challenge);
+  return res;
+}
+
 // Times one store call and accounts its failure; the caller decides what a failure means.
 template <class T>
 asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, StoreOp op,
@@ -259,6 +277,8 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   x.route = x.runtime->match(x.method, x.path);
   if (auto refused = inbound_refusal(x)) {
     res = std::move(*refused);
+  } else if (auto unverified = identity_refusal(x)) {
+    res = std::move(*unverified);
   } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
