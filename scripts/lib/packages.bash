@@ -17,6 +17,9 @@ idem_build_packages=(
 )
 # The throwaway server of the tests and the demo (scripts/lib/pg-up), and psql.
 idem_postgres_packages=(postgresql-15 postgresql-client-15)
+# Clients the end-to-end tests drive the sidecar with besides their own (curl over TLS:
+# integration/suites/security_tls_test.cpp).
+idem_test_tool_packages=(curl)
 
 # idem_ensure_packages CALLER INSTALL PACKAGE...
 #   Installs the PACKAGEs that are missing with apt-get, as root or through sudo. With
