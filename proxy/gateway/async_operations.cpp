@@ -91,10 +91,12 @@ Gateway::AsyncJob::AsyncJob(server::Request&& req, const server::RequestContext&
                             std::shared_ptr<const Runtime> runtime, asio::any_io_executor ex)
     : request(std::move(req)),
       peer_address(ctx.peer_address),
+      client_uris(ctx.client_uris.begin(), ctx.client_uris.end()),
       context(ctx),
       signal(std::move(ex), SteadyClock::time_point::max()) {
-  // The listener's view of the address lives only as long as the client's request.
+  // The listener's views live only as long as the client's request: point at our copies.
   context.peer_address = peer_address;
+  context.client_uris = client_uris;
   x.emplace(request, context, std::move(runtime));
   x->async = this;
 }

@@ -5,6 +5,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <exception>
 
@@ -74,6 +75,7 @@ struct Gateway::AsyncJob {
 
   server::Request request;
   std::string peer_address;
+  std::vector<std::string> client_uris;
   server::RequestContext context;
   std::optional<Exchange> x;
   // Woken (cancelled) when the job finishes and when the forward starts; expires when

@@ -149,6 +149,24 @@ std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
   return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
+// tenant.from: jwt | mtls (identity/identity.hpp): the verified tenant and principal
+// replace the identity headers before anything reads them; header mode does nothing here.
+std::optional<server::Response> identity_refusal(Gateway::Exchange& x) {
+  const auto* resolver = x.runtime->identity();
+  if (!resolver) return std::nullopt;
+  auto verified = resolver->resolve(x.request.base(), x.context.client_uris,
+                                    std::chrono::system_clock::now());
+  if (verified.ok) {
+    resolver->apply(verified, x.request.base());
+    return std::nullopt;
+  }
+  x.outcome = Outcome::rejected;
+  x.code = verified.code;
+  auto res = problem(x, verified.status, verified.code, verified.title, verified.detail);
+  if (!verified.challenge.empty()) res.set(http::field::www_authenticate, verified.challenge);
+  return res;
+}
+
 // Renews the owner's lease every lease/3 while the upstream call runs, so a slow but
 // healthy backend is not mistaken for a crashed owner. Lives in its own coroutine so the
 // forward is never delayed by a renewal round trip.
@@ -230,11 +248,14 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   x.route = x.runtime->match(x.method, x.path);
   if (auto refused = inbound_refusal(x)) {
     res = std::move(*refused);
-  } else if (auto status = x.route ? std::nullopt : x.runtime->match_status(x.method, x.path)) {
-    res = co_await operation_status(x, *status);
   } else if (!x.route && x.method == "GET" && !x.runtime->settings().policy_path.empty() &&
              x.path == x.runtime->settings().policy_path) {
+    // Public: what the routes ask of clients, before any identity is required.
     res = policy_answer(x);
+  } else if (auto unverified = identity_refusal(x)) {
+    res = std::move(*unverified);
+  } else if (auto status = x.route ? std::nullopt : x.runtime->match_status(x.method, x.path)) {
+    res = co_await operation_status(x, *status);
   } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {

@@ -73,12 +73,35 @@ std::vector<std::string> loose_segments(std::string_view path) {
   return out;
 }
 
+namespace {
+
+// tenant.from: jwt | mtls. In jwt mode the token is decided by as well: its look-alikes
+// go and a Connection option may not name it (gateway/inbound.hpp).
+void build_identity(const settings::Settings& s, std::shared_ptr<const identity::Resolver>& out,
+                    std::vector<std::string>& decided) {
+  const auto& tenant = s.tenant;
+  if (tenant.from == settings::TenantSource::header) return;
+  std::shared_ptr<const identity::KeySet> keys;
+  if (tenant.from == settings::TenantSource::jwt) {
+    try {
+      keys = std::make_shared<const identity::KeySet>(identity::KeySet::load_file(tenant.jwt.jwks_file));
+    } catch (const identity::KeySetError& e) {
+      throw settings::ConfigError(s.source_file, 0, "tenant.jwt.jwks_file", e.what());
+    }
+    add_decided(decided, "Authorization");
+  }
+  out = std::make_shared<const identity::Resolver>(tenant, std::move(keys));
+}
+
+}  // namespace
+
 std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Settings> s) {
   auto rt = std::make_shared<Runtime>();
   rt->settings_ = std::move(s);
   rt->routes_.reserve(rt->settings_->routes.size());
   add_decided(rt->decided_headers_, rt->settings_->tenant.header);
   add_decided(rt->decided_headers_, rt->settings_->tenant.principal_header);
+  build_identity(*rt->settings_, rt->identity_, rt->decided_headers_);
   for (std::size_t i = 0; i < rt->settings_->routes.size(); ++i) {
     const auto& route = rt->settings_->routes[i];
     CompiledRoute compiled;

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "identity/identity.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "settings/settings.hpp"
 
@@ -41,7 +42,9 @@ struct StatusMatch {
 // pointer; requests keep the snapshot they started with.
 class Runtime {
  public:
-  // Throws settings::ConfigError (naming the route's line) when a route cannot be compiled.
+  // Throws settings::ConfigError (naming the route's line) when a route cannot be compiled,
+  // or (naming tenant.jwt.jwks_file) when tenant.from is jwt and the JWKS cannot be used:
+  // the JWKS is read here, so a reload reads it again and a bad one keeps the running one.
   static std::shared_ptr<const Runtime> build(std::shared_ptr<const settings::Settings> s);
 
   const settings::Settings& settings() const noexcept { return *settings_; }
@@ -65,6 +68,8 @@ class Runtime {
 
   // The policy document served at settings().policy_path (gateway/policy.hpp).
   const std::string& policy() const noexcept { return policy_; }
+  // The verifier of tenant.from: jwt | mtls; nullptr in header mode.
+  const identity::Resolver* identity() const noexcept { return identity_.get(); }
 
  private:
   std::shared_ptr<const settings::Settings> settings_;
@@ -77,6 +82,7 @@ class Runtime {
   };
   std::vector<StatusTemplate> status_templates_;
   std::string policy_;
+  std::shared_ptr<const identity::Resolver> identity_;
 };
 
 // Holds the current snapshot; load() is a lock-free atomic read on the request path.

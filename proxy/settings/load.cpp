@@ -373,13 +373,41 @@ constexpr std::size_t MiB = 1u << 20;
 constexpr std::size_t GiB = 1u << 30;
 constexpr Millis kOneMs{1};
 
+void parse_upstream_tls(const Loader& L, const Item& it, UpstreamTls& t) {
+  Map m(L, it, {"ca_file", "server_name", "verify"});
+  if (auto v = m.get("ca_file")) t.ca_file = L.word(*v);
+  if (auto v = m.get("server_name")) {
+    t.server_name = L.word(*v);
+    if (t.server_name.find_first_of(" /:@[]") != std::string::npos) {
+      L.fail(*v, "'" + t.server_name + "' is not a host name or an IP address");
+    }
+  }
+  if (auto v = m.get("verify")) t.verify = L.boolean(*v);
+}
+
 void parse_upstream(const Loader& L, const Item& it, UpstreamSettings& u) {
-  Map m(L, it, {"url", "connect_timeout", "response_timeout", "max_response_body"});
+  Map m(L, it, {"url", "connect_timeout", "response_timeout", "max_response_body", "tls"});
   const auto url = m.required("url");
   L.with_syntax(url, [&] { detail::parse_upstream_url(L.text(url), u); });
   if (auto v = m.get("connect_timeout")) u.connect_timeout = L.duration(*v, kOneMs);
   if (auto v = m.get("response_timeout")) u.response_timeout = L.duration(*v, kOneMs);
   if (auto v = m.get("max_response_body")) u.max_response_body = L.size(*v, 1, GiB);
+  if (auto v = m.get("tls")) {
+    // Settings for a connection that is never made would hide the mistake of a url that
+    // still says http://.
+    if (!u.https) L.fail(*v, "upstream.tls needs an https:// upstream url");
+    parse_upstream_tls(L, *v, u.tls);
+  }
+}
+
+// Top-level `tls`: the listener's certificate, key and (for client certificates) CAs.
+ListenerTls parse_listener_tls(const Loader& L, const Item& it) {
+  ListenerTls t;
+  Map m(L, it, {"cert_file", "key_file", "client_ca_file"});
+  t.cert_file = L.word(m.required("cert_file"));
+  t.key_file = L.word(m.required("key_file"));
+  if (auto v = m.get("client_ca_file")) t.client_ca_file = L.word(*v, true);
+  return t;
 }
 
 // A section written as a single value is reported without quoting it (the generic message
@@ -414,13 +442,79 @@ void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
   }
 }
 
+// Accepted issuers or audiences: a non-empty list of distinct, non-empty values.
+std::vector<std::string> value_list(const Loader& L, const Item& it) {
+  std::vector<std::string> out;
+  for (const auto& e : L.list(it)) {
+    auto value = L.word(e);
+    if (std::find(out.begin(), out.end(), value) != out.end()) {
+      L.fail(e, "'" + value + "' is listed twice");
+    }
+    out.push_back(std::move(value));
+  }
+  if (out.empty()) L.fail(it, "must list at least one value");
+  return out;
+}
+
+// Returns whether principal_claim was written (it needs tenant.principal_header).
+bool parse_jwt(const Loader& L, const Item& it, JwtSettings& j) {
+  Map m(L, it, {"jwks_file", "issuers", "audiences", "tenant_claim", "principal_claim", "leeway"});
+  j.jwks_file = L.word(m.required("jwks_file"));
+  j.issuers = value_list(L, m.required("issuers"));
+  j.audiences = value_list(L, m.required("audiences"));
+  j.tenant_claim = L.word(m.required("tenant_claim"));
+  bool principal_claim = false;
+  if (auto v = m.get("principal_claim")) {
+    j.principal_claim = L.word(*v);
+    principal_claim = true;
+  }
+  if (auto v = m.get("leeway")) {
+    j.leeway = L.duration(*v, Millis{0});
+    // A token that stays valid for long past its expiry is no longer short-lived.
+    if (j.leeway > Millis{5 * 60 * 1000}) L.fail(*v, "must be at most 5m");
+  }
+  if (j.principal_claim == j.tenant_claim) {
+    L.fail(principal_claim ? m.get("principal_claim")->line : it.line, it.path + ".principal_claim",
+           "the principal claim must differ from the tenant claim");
+  }
+  return principal_claim;
+}
+
+void parse_mtls(const Loader& L, const Item& it, MtlsSettings& t) {
+  Map m(L, it, {"uri_prefix"});
+  const auto v = m.required("uri_prefix");
+  t.uri_prefix = L.word(v);
+  // The tenant is the segment after the prefix: a prefix that does not end a segment would
+  // let "tenant/acme" and "tenant-other/acme" both map.
+  if (t.uri_prefix.find(':') == std::string::npos || t.uri_prefix.back() != '/') {
+    L.fail(v, "expected a URI prefix ending in '/', e.g. spiffe://orders.example/tenant/");
+  }
+}
+
 void parse_tenant(const Loader& L, const Item& it, TenantSettings& t) {
-  Map m(L, it, {"header", "principal_header"});
+  Map m(L, it, {"header", "principal_header", "from", "jwt", "mtls"});
   if (auto v = m.get("header")) t.header = L.token(*v, "header name");
   if (auto v = m.get("principal_header")) {
     const auto s = L.text(*v);
     t.principal_header = s.empty() ? s : L.token(*v, "header name");
   }
+  if (auto v = m.get("from")) {
+    t.from = L.choice<TenantSource>(
+        *v, {{"header", TenantSource::header}, {"jwt", TenantSource::jwt}, {"mtls", TenantSource::mtls}});
+  }
+  // A jwt or mtls section under another mode would read as protection that is not there.
+  const auto jwt = m.get("jwt");
+  const auto mtls = m.get("mtls");
+  if (jwt && t.from != TenantSource::jwt) L.fail(*jwt, "tenant.jwt applies only with tenant.from: jwt");
+  if (mtls && t.from != TenantSource::mtls) L.fail(*mtls, "tenant.mtls applies only with tenant.from: mtls");
+  if (t.from == TenantSource::jwt) {
+    const auto section = m.required("jwt");
+    if (parse_jwt(L, section, t.jwt) && t.principal_header.empty()) {
+      L.fail(section.line, section.path + ".principal_claim",
+             "principal_claim needs tenant.principal_header (the header the gateway sets it in)");
+    }
+  }
+  if (t.from == TenantSource::mtls) parse_mtls(L, m.required("mtls"), t.mtls);
 }
 
 void parse_limits(const Loader& L, const Item& it, Limits& l) {
@@ -717,14 +811,21 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
 
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
-  Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
-                  "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
+  Map m(L, root, {"listen", "tls", "workers", "upstream", "database", "tenant", "limits", "admin",
+                  "log", "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
+  if (auto v = m.get("tls")) s.tls = parse_listener_tls(L, *v);
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
   parse_database(L, m.required("database"), s.database);
   // Tenant first: routes check their key header against it.
-  if (auto v = m.get("tenant")) parse_tenant(L, *v, s.tenant);
+  if (auto v = m.get("tenant")) {
+    parse_tenant(L, *v, s.tenant);
+    // The certificate is the identity: without client certificates there is none.
+    if (s.tenant.from == TenantSource::mtls && (!s.tls || s.tls->client_ca_file.empty())) {
+      L.fail(*v, "tenant.from: mtls needs tls.client_ca_file (client certificates)");
+    }
+  }
   if (auto v = m.get("limits")) parse_limits(L, *v, s.limits);
   if (auto v = m.get("admin")) parse_admin(L, *v, s.admin);
   if (auto v = m.get("log")) parse_log(L, *v, s.log);

@@ -22,6 +22,9 @@ idem_fuzz_packages=(clang-14 libclang-rt-14-dev llvm-14)
 idem_postgres_packages=(postgresql-15 postgresql-client-15)
 # The throwaway pg_auto_failover cluster of the failover run (scripts/lib/paf-up).
 idem_failover_packages=(postgresql-15-auto-failover pg-auto-failover-cli)
+# Clients the end-to-end tests drive the sidecar with besides their own (curl over TLS:
+# integration/suites/security_tls_test.cpp).
+idem_test_tool_packages=(curl)
 
 # idem_ensure_packages CALLER INSTALL PACKAGE...
 #   Installs the PACKAGEs that are missing with apt-get, as root or through sudo. With

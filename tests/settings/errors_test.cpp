@@ -139,10 +139,10 @@ TEST_CASE("addresses and urls") {
   CHECK_CONFIG_ERROR(kMinimal + "listen: \"127.0.0.300:8080\"\n", 5, "listen", "not a valid IPv4 address");
   CHECK_CONFIG_ERROR(kMinimal + "listen: \"127.0.0.1:70000\"\n", 5, "listen", "invalid port '70000'");
   CHECK_CONFIG_ERROR(kMinimal + "admin: {listen: \"bad host:1\"}\n", 5, "admin.listen", "not a valid host name");
-  CHECK_CONFIG_ERROR("upstream:\n  url: https://h\ndatabase: {url: host=x}\n", 2, "upstream.url",
-                     "https upstreams are not supported");
+  CHECK_CONFIG_ERROR("upstream:\n  url: ftp://h\ndatabase: {url: host=x}\n", 2, "upstream.url",
+                     "expected http[s]://host[:port][/path]");
   CHECK_CONFIG_ERROR("upstream:\n  url: h:80\ndatabase: {url: host=x}\n", 2, "upstream.url",
-                     "expected http://host[:port][/path]");
+                     "expected http[s]://host[:port][/path]");
   CHECK_CONFIG_ERROR("upstream:\n  url: http://h/x?y=1\ndatabase: {url: host=x}\n", 2, "upstream.url",
                      "query or fragment");
   CHECK_CONFIG_ERROR("upstream:\n  url: http://u:p@h/\ndatabase: {url: host=x}\n", 2, "upstream.url",

@@ -28,6 +28,24 @@ void check_same(const Settings& a, const Settings& b) {
   CHECK(a.database.migrate == b.database.migrate);
   CHECK(a.tenant.header == b.tenant.header);
   CHECK(a.tenant.principal_header == b.tenant.principal_header);
+  CHECK(a.tenant.from == b.tenant.from);
+  CHECK(a.tenant.jwt.jwks_file == b.tenant.jwt.jwks_file);
+  CHECK(a.tenant.jwt.issuers == b.tenant.jwt.issuers);
+  CHECK(a.tenant.jwt.audiences == b.tenant.jwt.audiences);
+  CHECK(a.tenant.jwt.tenant_claim == b.tenant.jwt.tenant_claim);
+  CHECK(a.tenant.jwt.principal_claim == b.tenant.jwt.principal_claim);
+  CHECK(a.tenant.jwt.leeway == b.tenant.jwt.leeway);
+  CHECK(a.tenant.mtls.uri_prefix == b.tenant.mtls.uri_prefix);
+  CHECK(a.tls.has_value() == b.tls.has_value());
+  if (a.tls && b.tls) {
+    CHECK(a.tls->cert_file == b.tls->cert_file);
+    CHECK(a.tls->key_file == b.tls->key_file);
+    CHECK(a.tls->client_ca_file == b.tls->client_ca_file);
+  }
+  CHECK(a.upstream.https == b.upstream.https);
+  CHECK(a.upstream.tls.ca_file == b.upstream.tls.ca_file);
+  CHECK(a.upstream.tls.server_name == b.upstream.tls.server_name);
+  CHECK(a.upstream.tls.verify == b.upstream.tls.verify);
   CHECK(a.limits.max_header_bytes == b.limits.max_header_bytes);
   CHECK(a.limits.max_request_body == b.limits.max_request_body);
   CHECK(a.limits.header_timeout == b.limits.header_timeout);
