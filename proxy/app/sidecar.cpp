@@ -90,6 +90,14 @@ int worker_count(const settings::Settings& cfg) {
                     cfg.database.pool_size);
 }
 
+// Every outcome series of every configured route exists from the start, at 0.
+void declare_routes(obs::Metrics& m, const settings::Settings& cfg) {
+  std::vector<std::string> names;
+  names.reserve(cfg.routes.size());
+  for (const auto& r : cfg.routes) names.push_back(r.name);
+  m.declare_routes(names);
+}
+
 }  // namespace
 
 // The TLS contexts new connections take, swapped whole by a reload (lock-free reads, one
@@ -220,6 +228,7 @@ Sidecar::Sidecar(std::shared_ptr<const gateway::Runtime> runtime, TlsMaterial tl
   p.holder = std::make_shared<gateway::RuntimeHolder>(std::move(runtime));
   p.replay_cache = std::make_shared<gateway::ReplayCache>(p.metrics.get());
   p.replay_cache->configure(replay_cache_options(cfg.replay_cache));
+  declare_routes(*p.metrics, cfg);
   const int count = worker_count(cfg);
   for (int i = 0; i < count; ++i) p.workers.push_back(p.build_worker(i, count));
   p.build_admin();
@@ -270,6 +279,7 @@ void Sidecar::apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tl
   // Routes may have changed what a record answers (replay headers, scopes): start the
   // cache afresh with the new options.
   parts_->replay_cache->configure(replay_cache_options(next->settings().replay_cache));
+  declare_routes(*parts_->metrics, next->settings());
   parts_->holder->store(std::move(next));
 }
 

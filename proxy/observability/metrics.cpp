@@ -414,11 +414,23 @@ struct Metrics::Impl {
     for (auto d : kDirectives) directives.get(d);
     for (auto r : kRefetchResults) refetches.get(r);
     for (auto r : kReconcileResults) reconciliations.get(r);
+    // Requests the listener refuses itself count under "unmatched" before any route exists.
+    requests.get("unmatched");
+    request_duration.get("unmatched");
   }
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 Metrics::~Metrics() = default;
+
+void Metrics::declare_routes(const std::vector<std::string>& routes) {
+  impl_->requests.get("unmatched");
+  impl_->request_duration.get("unmatched");
+  for (const auto& r : routes) {
+    impl_->requests.get(r);
+    impl_->request_duration.get(r);
+  }
+}
 
 void Metrics::request(std::string_view route, Outcome outcome, double seconds) {
   const auto i = static_cast<std::size_t>(outcome);

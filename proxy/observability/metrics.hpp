@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/errors.hpp"
 
@@ -47,6 +48,11 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
+  // Creates every outcome series (and the duration histogram) of these routes at 0, so a
+  // rate or ratio over outcome="key_reused" has a series before the first conflict. Called
+  // with the configured route names at start and after each reload; "unmatched" is always
+  // declared. Series of routes removed by a reload stay (Prometheus counters never vanish).
+  void declare_routes(const std::vector<std::string>& routes);
   void request(std::string_view route, Outcome outcome, double seconds);
   void upstream_duration(double seconds);
   void store_duration(StoreOp op, double seconds);
