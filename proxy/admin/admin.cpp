@@ -105,11 +105,17 @@ json::object describe(const store::RecordId& id, const store::Record& rec) {
     json::array names;
     for (const auto& h : r.headers) names.emplace_back(h.name);
     o["replay_header_names"] = std::move(names);
+    if (r.trace_id.empty()) {
+      o["trace_id"] = nullptr;
+    } else {
+      o["trace_id"] = r.trace_id;
+    }
   } else {
     o["response_status"] = nullptr;
     o["response_body_bytes"] = nullptr;
     o["response_body_omitted"] = false;
     o["replay_header_names"] = json::array();
+    o["trace_id"] = nullptr;
   }
   return o;
 }

@@ -108,6 +108,7 @@ void drain(Sidecar& sidecar, asio::io_context& signals_ioc, const bool& cut_shor
 int serve(const std::string& path, const std::string& version) {
   const auto runtime = load_runtime(path);
   auto tls = load_tls(runtime->settings());
+  load_key_ring(runtime->settings());  // refused here, with exit status 2, before any work
   obs::setup_logging(runtime->settings().log);
   log_security(*runtime);
   if (!prepare_database(runtime->settings(), path)) return kExitFailure;
@@ -176,6 +177,7 @@ int migrate(const std::string& path) {
 int check_config(const std::string& path) {
   const auto rt = load_runtime(path);
   load_tls(rt->settings());  // the files must be usable too
+  load_key_ring(rt->settings());
   std::cout << settings::render_effective(rt->settings());
   return kExitOk;
 }

@@ -1,5 +1,8 @@
 #include "app/config.hpp"
 
+#include <fstream>
+#include <map>
+
 namespace idem::app {
 
 std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path) {
@@ -27,6 +30,14 @@ bool same_endpoint(const std::optional<settings::Endpoint>& a,
 bool same_upstream(const settings::UpstreamSettings& a, const settings::UpstreamSettings& b) {
   return a.url == b.url && a.connect_timeout == b.connect_timeout &&
          a.response_timeout == b.response_timeout && a.max_response_body == b.max_response_body;
+}
+
+bool same_encryption(const settings::EncryptionSettings& a, const settings::EncryptionSettings& b) {
+  if (a.active != b.active || a.keys.size() != b.keys.size()) return false;
+  for (std::size_t i = 0; i < a.keys.size(); ++i) {
+    if (a.keys[i].id != b.keys[i].id || a.keys[i].file != b.keys[i].file) return false;
+  }
+  return true;
 }
 
 bool same_database(const settings::DatabaseSettings& a, const settings::DatabaseSettings& b) {
@@ -79,6 +90,35 @@ TlsMaterial load_tls(const settings::Settings& s) {
   return m;
 }
 
+std::shared_ptr<const store::KeyRing> load_key_ring(const settings::Settings& s) {
+  if (s.encryption.keys.empty()) return nullptr;
+  std::map<std::string, store::EncryptionKey> keys;
+  for (std::size_t i = 0; i < s.encryption.keys.size(); ++i) {
+    const auto& k = s.encryption.keys[i];
+    const std::string where = "encryption.keys[" + std::to_string(i) + "].file";
+    std::ifstream in(k.file, std::ios::binary);
+    std::string text;
+    if (in) {
+      // A key file is 64 hex digits or 44 base64 characters, and a newline: read a little more
+      // than that, never a whole large file someone pointed here by mistake.
+      text.resize(256);
+      in.read(text.data(), static_cast<std::streamsize>(text.size()));
+      text.resize(static_cast<std::size_t>(in.gcount()));
+    }
+    if (!in && !in.eof()) throw settings::ConfigError(s.source_file, 0, where, "cannot read " + k.file);
+    try {
+      keys.emplace(k.id, store::parse_key_file(text));
+    } catch (const std::invalid_argument& e) {
+      throw settings::ConfigError(s.source_file, 0, where, k.file + ": " + e.what());
+    }
+  }
+  try {
+    return std::make_shared<const store::KeyRing>(std::move(keys), s.encryption.active);
+  } catch (const std::invalid_argument& e) {
+    throw settings::ConfigError(s.source_file, 0, "encryption", e.what());
+  }
+}
+
 ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings& running,
                        bool change_listener_running) {
   ReloadPlan plan;
@@ -98,6 +138,14 @@ ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings&
   // An https upstream whose url stays: its TLS settings and files reload.
   if (e.upstream.https && next.upstream.https) e.upstream.tls = next.upstream.tls;
   keep_identity(plan, next, running);
+  // The stores are built with the process's key ring: rotation is a rolling restart.
+  keep("encryption", e.encryption, running.encryption, same_encryption(next.encryption, running.encryption));
+  // The exporter and its thread start with the process; the sample rate reloads.
+  if (next.tracing.otlp_endpoint != running.tracing.otlp_endpoint) {
+    const double sample = e.tracing.sample;
+    keep("tracing.otlp_endpoint", e.tracing, running.tracing, false);
+    e.tracing.sample = sample;
+  }
   // The cache can only serve with the change listener, which starts with the process.
   if (!change_listener_running) {
     keep("replay_cache.enabled", e.replay_cache.enabled, running.replay_cache.enabled,

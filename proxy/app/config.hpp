@@ -7,6 +7,7 @@
 #include "gateway/router.hpp"
 #include "server/tls.hpp"
 #include "settings/settings.hpp"
+#include "store/record_cipher.hpp"
 #include "upstream/tls.hpp"
 
 namespace idem::app {
@@ -23,6 +24,11 @@ struct TlsMaterial {
 };
 // Throws settings::ConfigError naming tls or upstream.tls when a file cannot be used.
 TlsMaterial load_tls(const settings::Settings& s);
+
+// The encryption keys a configuration names, read from their files now; null without
+// `encryption`. Throws settings::ConfigError naming encryption.keys[i].file (never a
+// file's content) when a file cannot be read or does not hold a key.
+std::shared_ptr<const store::KeyRing> load_key_ring(const settings::Settings& s);
 
 // The reload policy. Listener, upstream, database, workers and the admin listener are
 // bound at start-up, and the replay cache needs the change listener that starts with the

@@ -21,6 +21,8 @@
 #include "gateway/waiters.hpp"
 #include "observability/logging.hpp"
 #include "observability/metrics.hpp"
+#include "observability/tracing.hpp"
+#include "gateway/encrypting_store.hpp"
 #include "pg/pool.hpp"
 #include "server/server.hpp"
 #include "store/pg_store.hpp"
@@ -64,6 +66,7 @@ struct Worker {
   WorkerContext ioc{1};
   std::shared_ptr<pg::Pool> pool;
   std::unique_ptr<store::PgStore> store;
+  std::unique_ptr<gateway::EncryptingStore> encrypted;  // with `encryption` only
   std::unique_ptr<gateway::CachingStore> cached;  // the replay cache in front of `store`
   std::unique_ptr<upstream::Pool> upstream;
   std::unique_ptr<gateway::Gateway> gateway;
@@ -120,6 +123,9 @@ struct Sidecar::Parts {
   std::shared_ptr<server::ConnectionGauge> gauge = std::make_shared<server::ConnectionGauge>();
   std::shared_ptr<std::atomic<bool>> stopping = std::make_shared<std::atomic<bool>>(false);
   std::shared_ptr<gateway::ReplayCache> replay_cache;
+  // Before the workers, so it outlives them: their requests hand it spans until the end.
+  std::unique_ptr<obs::SpanExporter> tracer;
+  std::shared_ptr<const store::KeyRing> key_ring;  // null: answers are stored in clear
 
   std::vector<std::unique_ptr<Worker>> workers;
   // Declared after the workers so they are destroyed first.
@@ -146,7 +152,13 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   po.statements = store::pg_store_statements();
   w->pool = pg::Pool::create(w->ioc.get_executor(), std::move(po));
   w->store = std::make_unique<store::PgStore>(w->pool);
-  w->cached = std::make_unique<gateway::CachingStore>(*w->store, *replay_cache);
+  // Encryption sits between the replay cache and PostgreSQL: plaintext stays in memory.
+  store::Store* durable = w->store.get();
+  if (key_ring) {
+    w->encrypted = std::make_unique<gateway::EncryptingStore>(*w->store, key_ring);
+    durable = w->encrypted.get();
+  }
+  w->cached = std::make_unique<gateway::CachingStore>(*durable, *replay_cache);
 
   upstream::PoolOptions uo;
   uo.host = cfg.upstream.host;
@@ -164,6 +176,7 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   deps.upstream = w->upstream.get();
   deps.waiters = waiters.get();
   deps.metrics = metrics.get();
+  deps.tracer = tracer.get();
   w->gateway = std::make_unique<gateway::Gateway>(std::move(deps));
 
   auto* gw = w->gateway.get();
@@ -229,6 +242,14 @@ Sidecar::Sidecar(std::shared_ptr<const gateway::Runtime> runtime, TlsMaterial tl
   p.replay_cache = std::make_shared<gateway::ReplayCache>(p.metrics.get());
   p.replay_cache->configure(replay_cache_options(cfg.replay_cache));
   declare_routes(*p.metrics, cfg);
+  p.key_ring = load_key_ring(cfg);
+  if (!cfg.tracing.otlp_endpoint.empty()) {
+    obs::ExporterOptions eo;
+    eo.host = cfg.tracing.host;
+    eo.port = cfg.tracing.port;
+    eo.path = cfg.tracing.path;
+    p.tracer = std::make_unique<obs::SpanExporter>(std::move(eo), p.metrics.get());
+  }
   const int count = worker_count(cfg);
   for (int i = 0; i < count; ++i) p.workers.push_back(p.build_worker(i, count));
   p.build_admin();

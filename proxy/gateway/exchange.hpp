@@ -13,6 +13,7 @@
 
 #include "gateway/gateway.hpp"
 #include "observability/metrics.hpp"
+#include "observability/tracing.hpp"
 
 namespace idem::gateway {
 
@@ -57,6 +58,17 @@ struct Gateway::Exchange {
   std::string key_hash;
   // The key's expiry to advertise (Idempotency-Key-Expires); 0 = none. Unix epoch µs.
   std::int64_t key_expires_at_us = 0;
+
+  // W3C Trace Context (observability/trace_context.hpp): this request's trace, its id in
+  // hex (access log, record, X-Idempotency-Trace-Id), the spans recorded when the trace is
+  // sampled and an exporter is configured, and the trace of the record a replay answered.
+  obs::RequestTrace trace;
+  std::string trace_id;
+  bool record_spans = false;
+  std::int64_t started_unix_ns = 0;
+  std::vector<obs::Span> spans;
+  std::string record_trace_id;
+  bool answer_from_record = false;  // a replay (or re-fetch) of a completed record
   // Routes with `async`: the job this exchange runs in (async_operations.cpp).
   AsyncJob* async = nullptr;
 
@@ -107,6 +119,14 @@ asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, ob
 
 // 503: the store did not answer (x.store_error, or `ec`).
 server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec);
+
+// traceparent (with `parent` as the backend's parent span) and tracestate on a request to
+// the backend, replacing the client's.
+void set_trace_headers(http::fields& fields, const Gateway::Exchange& x, const obs::SpanId& parent);
+
+// A finished child span of the request's server span (only when x.record_spans).
+void add_span(Gateway::Exchange& x, std::string name, obs::SpanKind kind, std::int64_t start_ns,
+              const obs::SpanId& id, bool error);
 
 
 // An RFC 9457 problem in the client's HTTP version and connection mode.

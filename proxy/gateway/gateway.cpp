@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <random>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -233,6 +234,95 @@ std::shared_ptr<LeaseKeeper> start_lease_keeper(const Dependencies& deps, store:
 
 }  // namespace
 
+void set_trace_headers(http::fields& fields, const Gateway::Exchange& x, const obs::SpanId& parent) {
+  fields.erase("traceparent");
+  fields.erase("tracestate");
+  fields.set("traceparent", obs::format_traceparent(x.trace.trace_id, parent, x.trace.flags));
+  if (!x.trace.tracestate.empty()) fields.set("tracestate", obs::format_tracestate(x.trace.tracestate));
+}
+
+void add_span(Gateway::Exchange& x, std::string name, obs::SpanKind kind, std::int64_t start_ns,
+              const obs::SpanId& id, bool error) {
+  obs::Span span;
+  span.trace_id = x.trace.trace_id;
+  span.span_id = id;
+  span.parent = x.trace.server_span;
+  span.name = std::move(name);
+  span.kind = kind;
+  span.start_unix_ns = start_ns;
+  span.end_unix_ns = obs::unix_now_ns();
+  span.error = error;
+  x.spans.push_back(std::move(span));
+}
+
+namespace {
+
+// Continues the client's trace (or starts one) before anything else reads the request:
+// every answer, refusals included, is logged with its trace id.
+// The sampling decision for a trace idemproxy starts: a share `sample` of them.
+bool sample_new_trace(double sample) {
+  if (sample >= 1) return true;
+  if (sample <= 0) return false;
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return std::uniform_real_distribution<double>(0, 1)(rng) < sample;
+}
+
+void start_trace(Gateway::Exchange& x, bool exporting) {
+  const auto& base = x.request.base();
+  // The span starts when the request's first byte arrived, on the wall clock.
+  x.started_unix_ns = obs::unix_now_ns() -
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now() -
+                                                                           x.context.received_at)
+                          .count();
+  x.trace = obs::continue_trace(field_values(base, "traceparent"), field_values(base, "tracestate"),
+                                exporting && sample_new_trace(x.runtime->settings().tracing.sample));
+  x.trace_id = obs::to_hex(x.trace.trace_id);
+  x.record_spans = exporting && x.trace.sampled();
+  if (x.record_spans) x.spans.reserve(6);
+}
+
+// The store steps the spans name (claim, wait, complete); forward has its own, in
+// forward(). A claim that lost, a takeover and a replacement are all "claim", told apart
+// by idemproxy.step.
+void step_span(Gateway::Exchange& x, Step step, std::int64_t start_ns, const idempotency::Event& event) {
+  const char* name = nullptr;
+  const char* detail = nullptr;
+  switch (step) {
+    case Step::claim: name = "claim"; detail = "insert"; break;
+    case Step::take_over: name = "claim"; detail = "take_over"; break;
+    case Step::replace: name = "claim"; detail = "replace"; break;
+    case Step::wait: name = "wait"; break;
+    case Step::complete: name = "complete"; break;
+    default: return;
+  }
+  add_span(x, name, obs::SpanKind::internal, start_ns, obs::new_span_id(),
+           std::holds_alternative<idempotency::StoreFailed>(event));
+  if (detail != nullptr) x.spans.back().attributes.emplace_back("idemproxy.step", detail);
+}
+
+// The server span, parent of the others, and the hand-off to the exporter's queue.
+void finish_trace(Gateway::Exchange& x, std::string_view route, int status) {
+  obs::Span span;
+  span.trace_id = x.trace.trace_id;
+  span.span_id = x.trace.server_span;
+  span.parent = x.trace.client_parent;
+  span.name = x.method + " " + (x.route ? x.route->settings->path : std::string("unmatched"));
+  span.kind = obs::SpanKind::server;
+  span.start_unix_ns = x.started_unix_ns;
+  span.end_unix_ns = obs::unix_now_ns();
+  span.error = status >= 500;
+  span.attributes = {{"http.request.method", x.method},
+                     {"idemproxy.route", std::string(route)},
+                     {"idemproxy.outcome", std::string(obs::to_string(x.outcome))}};
+  if (!x.key_hash.empty()) span.attributes.emplace_back("idemproxy.key_hash", x.key_hash);
+  if (!x.record_trace_id.empty()) span.attributes.emplace_back("idemproxy.record_trace_id", x.record_trace_id);
+  span.int_attributes = {{"http.response.status_code", status}};
+  if (x.attempt > 0) span.int_attributes.emplace_back("idemproxy.attempt", x.attempt);
+  x.spans.push_back(std::move(span));
+}
+
+}  // namespace
+
 asio::awaitable<server::Response> Gateway::handle(server::Request& request,
                                                   const server::RequestContext& context) {
   Exchange x{request, context, deps_.runtime->load()};
@@ -246,6 +336,7 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   }
   server::Response res;
   x.route = x.runtime->match(x.method, x.path);
+  start_trace(x, deps_.tracer != nullptr);
   if (auto refused = inbound_refusal(x)) {
     res = std::move(*refused);
   } else if (!x.route && x.method == "GET" && !x.runtime->settings().policy_path.empty() &&
@@ -285,6 +376,12 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   rec.code = x.code;
   rec.from_cache = x.from_cache;
   rec.fenced = x.fenced;
+  rec.trace_id = x.trace_id;
+  rec.record_trace_id = x.record_trace_id;
+  if (x.record_spans) {
+    finish_trace(x, route_name, static_cast<int>(res.result_int()));
+    deps_.tracer->submit(std::move(x.spans));
+  }
   // The line joins the others of this pass of the event loop; the first one of a pass
   // schedules the write of them all (one write(2) for many requests under load).
   if (obs::log_access_batched(rec)) asio::post(deps_.executor, [] { obs::flush_access_log(); });
@@ -327,6 +424,11 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   strip_hop_by_hop(up.base());
   // Append the client's address to any chain set by proxies in front of us.
   up.set("X-Forwarded-For", forwarded_for(x));
+  // The backend's parent is the sidecar's own forward span, in the client's trace (or a
+  // new one); the client's fields are replaced, an invalid tracestate is not passed on.
+  const auto forward_span = obs::new_span_id();
+  set_trace_headers(up.base(), x, forward_span);
+  const auto forward_start = obs::unix_now_ns();
   if (owner != nullptr) {
     if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
     const auto& rs = *x.route->settings;
@@ -343,6 +445,13 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   const double took = seconds_since(t0);
   x.upstream_seconds = (x.upstream_seconds < 0 ? 0 : x.upstream_seconds) + took;
   deps_.metrics->upstream_duration(took);
+  if (x.record_spans) {
+    add_span(x, "forward", obs::SpanKind::client, forward_start, forward_span,
+             out.failure != upstream::Failure::none);
+    if (out.failure == upstream::Failure::none) {
+      x.spans.back().int_attributes.emplace_back("http.response.status_code", out.response.result_int());
+    }
+  }
   co_return out;
 }
 
@@ -601,6 +710,7 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
   idempotency::Event event = idempotency::Begin{};
   for (;;) {
     const idempotency::Action a = protocol.resume(event, SteadyClock::now());
+    const auto step_start = x.record_spans ? obs::unix_now_ns() : 0;
     switch (a.step) {
       case Step::claim: event = co_await claim(x); break;
       case Step::read: event = co_await read(x); break;
@@ -636,6 +746,7 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
         }
         co_return answer(x, a);
     }
+    if (x.record_spans) step_span(x, a.step, step_start, event);
   }
 }
 
@@ -795,7 +906,10 @@ asio::awaitable<idempotency::Event> Gateway::expire_lease(Exchange& x, std::int6
 
 asio::awaitable<idempotency::Event> Gateway::complete(Exchange& x, std::int64_t fence) {
   const auto& rs = *x.route->settings;
-  if (!x.recorded) x.recorded = capture(x.upstream.response, rs);  // a retry records the same
+  if (!x.recorded) {
+    x.recorded = capture(x.upstream.response, rs);  // a retry records the same
+    x.recorded->trace_id = x.trace_id;
+  }
   auto completed = co_await timed(*deps_.metrics, x, StoreOp::complete,
                                   deps_.store->complete(x.claim.id, fence, *x.recorded, rs.retention));
   deps_.waiters->notify(x.waiter_key);
@@ -821,10 +935,14 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
       }
       res = replayed(x, *x.row->response, x.row->attempt);
       x.key_expires_at_us = x.row->expires_at_us;
+      x.answer_from_record = true;
       break;
     case Answer::refetched:
     case Answer::refetch_refused:
-    case Answer::refetch_failed: res = refetch_answer(x, a.answer); break;
+    case Answer::refetch_failed:
+      res = refetch_answer(x, a.answer);
+      x.answer_from_record = true;
+      break;
     case Answer::recorded:
       x.outcome = Outcome::created;
       res = to_client(std::move(x.upstream.response), x);
@@ -904,6 +1022,14 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
   // a record this request read or wrote, never guessed.
   if (x.key_expires_at_us > 0) {
     res.set(std::string(kKeyExpiresHeader), imf_fixdate_from_us(x.key_expires_at_us));
+  }
+  // A replay names the original's trace, as recorded (none for a record written before
+  // migration 0005 or by a completion: backend route); every other answer its own.
+  if (x.answer_from_record) {
+    if (x.row && x.row->response) x.record_trace_id = x.row->response->trace_id;
+    if (!x.record_trace_id.empty()) res.set(std::string(kTraceIdHeader), x.record_trace_id);
+  } else {
+    res.set(std::string(kTraceIdHeader), x.trace_id);
   }
   return res;
 }

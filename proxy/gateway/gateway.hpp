@@ -19,6 +19,10 @@
 #include "store/store.hpp"
 #include "upstream/client.hpp"
 
+namespace idem::obs {
+class SpanExporter;  // observability/tracing.hpp
+}
+
 namespace idem::gateway {
 
 struct Dependencies {
@@ -29,6 +33,7 @@ struct Dependencies {
   upstream::Client* upstream = nullptr;    // this worker's upstream pool
   WaiterRegistry* waiters = nullptr;       // process-wide
   obs::Metrics* metrics = nullptr;         // process-wide
+  obs::SpanExporter* tracer = nullptr;     // process-wide; null: spans are not exported
 };
 
 class Gateway {

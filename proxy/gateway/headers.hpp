@@ -44,8 +44,11 @@ inline constexpr std::array<std::string_view, 2> kBackendControls = {kRecordedHe
 inline constexpr std::string_view kReplayedHeader = "Idempotent-Replayed";
 inline constexpr std::string_view kReplayBodyHeader = "Idempotent-Replay-Body";
 inline constexpr std::string_view kKeyExpiresHeader = "Idempotency-Key-Expires";
-inline constexpr std::array<std::string_view, 3> kReplayMarkers = {
-    kReplayedHeader, kReplayBodyHeader, kKeyExpiresHeader};
+// The trace of the request whose answer this is: this request's own, or for a replay the
+// original's, as recorded (docs/http.md, "Trace context").
+inline constexpr std::string_view kTraceIdHeader = "X-Idempotency-Trace-Id";
+inline constexpr std::array<std::string_view, 4> kReplayMarkers = {
+    kReplayedHeader, kReplayBodyHeader, kKeyExpiresHeader, kTraceIdHeader};
 
 // The trusted headers an owner's request carries to the backend: operation id, attempt,
 // fencing token, the record's lifetime, and the record reference when there is one (an

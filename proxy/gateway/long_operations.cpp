@@ -44,6 +44,8 @@ upstream::Request lookup_request(const Gateway::Exchange& x, std::string_view me
   }
   strip_hop_by_hop(up.base());
   up.set("X-Forwarded-For", forwarded_for(x));
+  // A lookup belongs to the request's trace, as a child of its server span.
+  set_trace_headers(up.base(), x, x.trace.server_span);
   up.prepare_payload();
   return up;
 }

@@ -415,6 +415,8 @@ class AccessFields {
     if (!r.code.empty()) add("code", 's', r.code);
     if (r.from_cache) add("replay_cache", 's', "hit");
     if (!r.fenced.empty()) add("fenced", 's', r.fenced);
+    if (!r.trace_id.empty()) add("trace_id", 's', r.trace_id);
+    if (!r.record_trace_id.empty()) add("record_trace_id", 's', r.record_trace_id);
   }
   AccessFields(const AccessFields&) = delete;
   AccessFields& operator=(const AccessFields&) = delete;
@@ -427,7 +429,7 @@ class AccessFields {
   }
 
   NumberText status_, duration_, upstream_, store_, attempt_;
-  std::array<Field, 13> storage_{};
+  std::array<Field, 15> storage_{};
   std::size_t n_ = 0;
 };
 

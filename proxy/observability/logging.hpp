@@ -35,6 +35,8 @@ struct AccessRecord {
   std::string_view code;      // problem code or ""
   bool from_cache = false;    // answered from the replay cache (no store call)
   std::string_view fenced;    // a fenced owner's answer from the record, or ""
+  std::string_view trace_id;  // this request's W3C trace id (32 hex digits), or ""
+  std::string_view record_trace_id;  // a replay: the trace id stored with the record
 };
 
 void log_access(const AccessRecord& r);

@@ -88,6 +88,7 @@ constexpr std::array<std::string_view, 3> kDirectives{"release", "record", "inva
 constexpr std::array<std::string_view, 3> kRefetchResults{"fetched", "refused", "failed"};
 constexpr std::array<std::string_view, 3> kReconcileResults{"found", "not_found", "failed"};
 // What a fenced owner can answer (Metrics::fenced_answer), likewise exported at 0.
+constexpr std::array<std::string_view, 3> kTraceSpanResults{"exported", "dropped", "failed"};
 constexpr std::array<std::string_view, 5> kFencedAnswers{"replayed", "in_progress", "key_reused",
                                                          "forbidden", "unavailable"};
 
@@ -238,7 +239,9 @@ class Family {
   X(cache_entries,      Gauge,           "idemproxy_replay_cache_entries",       "",             \
     "Records held by the replay cache.")                                                         \
   X(cache_bytes,        Gauge,           "idemproxy_replay_cache_bytes",         "",             \
-    "Approximate memory held by the replay cache.")
+    "Approximate memory held by the replay cache.")                                              \
+  X(trace_spans,        Counter,         "idemproxy_trace_spans_total",          "result",       \
+    "Spans of the OTLP exporter: exported, dropped (queue full) or failed (export failed).")
 // clang-format on
 
 // --- Prometheus text format -------------------------------------------------------------
@@ -414,6 +417,7 @@ struct Metrics::Impl {
     for (auto d : kDirectives) directives.get(d);
     for (auto r : kRefetchResults) refetches.get(r);
     for (auto r : kReconcileResults) reconciliations.get(r);
+    for (auto r : kTraceSpanResults) trace_spans.get(r);
     // Requests the listener refuses itself count under "unmatched" before any route exists.
     requests.get("unmatched");
     request_duration.get("unmatched");
@@ -464,6 +468,13 @@ void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
 void Metrics::set_in_progress_oldest(double seconds) { impl_->oldest.value.store(seconds, kRelaxed); }
 void Metrics::replay_cache_lookup(bool hit) { (hit ? impl_->cache_hit : impl_->cache_miss).add(1); }
+void Metrics::trace_spans(std::string_view result, std::uint64_t n) {
+  impl_->trace_spans.get(result).add(n);
+}
+std::uint64_t Metrics::trace_spans(std::string_view result) const {
+  const auto* c = impl_->trace_spans.find(result);
+  return c != nullptr ? c->get() : 0;
+}
 void Metrics::replay_cache_notification() { impl_->cache_notified.add(1); }
 void Metrics::set_replay_cache(bool active, std::size_t entries, std::size_t bytes) {
   impl_->cache_on.value.store(active ? 1.0 : 0.0, kRelaxed);

@@ -79,6 +79,9 @@ class Metrics {
   void replay_cache_lookup(bool hit);
   void replay_cache_notification();
   void set_replay_cache(bool active, std::size_t entries, std::size_t bytes);
+  // Spans of the OTLP exporter (tracing.hpp): "exported", "dropped" (queue full) or
+  // "failed" (the export did not succeed).
+  void trace_spans(std::string_view result, std::uint64_t n);
 
   // Reads for tests and the admin endpoint.
   std::uint64_t requests(std::string_view route, Outcome outcome) const;
@@ -92,6 +95,7 @@ class Metrics {
   std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;
+  std::uint64_t trace_spans(std::string_view result) const;
 
   std::string render_prometheus() const;
 

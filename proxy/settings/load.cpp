@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -574,6 +575,56 @@ void parse_replay_cache(const Loader& L, const Item& it, ReplayCacheSettings& c)
   if (auto v = m.get("ttl")) c.ttl = L.duration(*v, kOneMs);
 }
 
+void parse_tracing(const Loader& L, const Item& it, TracingSettings& t) {
+  Map m(L, it, {"otlp_endpoint", "sample"});
+  if (auto v = m.get("otlp_endpoint")) {
+    t.otlp_endpoint = L.text(*v);
+    if (!t.otlp_endpoint.empty()) {
+      UpstreamSettings u;
+      L.with_syntax(*v, [&] { detail::parse_upstream_url(t.otlp_endpoint, u); });
+      // Spans go to a collector beside the sidecar (an agent or node collector); TLS to it
+      // is not implemented, so a URL that asks for it is refused rather than sent in clear.
+      if (u.https) L.fail(*v, "https is not supported for otlp_endpoint: use a local collector over http://");
+      t.host = u.host;
+      t.port = u.port;
+      t.path = u.base_path.empty() ? "/v1/traces" : u.base_path;
+    }
+  }
+  if (auto v = m.get("sample")) {
+    const auto text = L.text(*v);
+    double d = -1;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), d);
+    if (ec != std::errc{} || end != text.data() + text.size() || !(d >= 0 && d <= 1)) {
+      L.fail(*v, "must be a number from 0 to 1 (the share of new traces sampled)");
+    }
+    t.sample = d;
+  }
+}
+
+void parse_encryption(const Loader& L, const Item& it, EncryptionSettings& e) {
+  Map m(L, it, {"keys", "active"});
+  const auto keys = m.required("keys");
+  const auto items = L.list(keys);
+  if (items.empty()) L.fail(keys, "must be a non-empty list of {id, file}");
+  std::set<std::string> ids;
+  for (const auto& k : items) {
+    Map km(L, k, {"id", "file"});
+    EncryptionKeyFile f;
+    const auto id = km.required("id");
+    f.id = L.word(id);
+    if (f.id.size() > 64 || f.id.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=
+                                std::string::npos) {
+      L.fail(id, "a key id is 1-64 of A-Z a-z 0-9 . _ - (it is stored with every record)");
+    }
+    if (!ids.insert(f.id).second) L.fail(id, "key id '" + f.id + "' is listed twice");
+    f.file = L.word(km.required("file"));
+    e.keys.push_back(std::move(f));
+  }
+  const auto active = m.required("active");
+  e.active = L.word(active);
+  if (ids.count(e.active) == 0) L.fail(active, "'" + e.active + "' is not the id of one of encryption.keys");
+}
+
 // Returns the line of key.header, for the cross-check against the tenant headers.
 int parse_key(const Loader& L, const Item& it, KeySettings& k) {
   Map m(L, it, {"header", "required", "max_length"});
@@ -812,7 +863,8 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
   Map m(L, root, {"listen", "tls", "workers", "upstream", "database", "tenant", "limits", "admin",
-                  "log", "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
+                  "log", "cleanup", "replay_cache", "tracing", "encryption", "unmatched",
+                  "policy_path", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
   if (auto v = m.get("tls")) s.tls = parse_listener_tls(L, *v);
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
@@ -831,6 +883,8 @@ Settings parse_root(const Loader& L, const Item& root) {
   if (auto v = m.get("log")) parse_log(L, *v, s.log);
   if (auto v = m.get("cleanup")) parse_cleanup(L, *v, s.cleanup);
   if (auto v = m.get("replay_cache")) parse_replay_cache(L, *v, s.replay_cache);
+  if (auto v = m.get("tracing")) parse_tracing(L, *v, s.tracing);
+  if (auto v = m.get("encryption")) parse_encryption(L, *v, s.encryption);
   if (auto v = m.get("unmatched")) {
     s.unmatched = L.choice<Unmatched>(*v, {{"pass", Unmatched::pass}, {"reject", Unmatched::reject}});
   }

@@ -3,6 +3,8 @@
 // properties are under our control: the text loads back to the same Settings, and no secret
 // survives masking.
 #include <algorithm>
+#include <array>
+#include <charconv>
 #include <string>
 #include <vector>
 
@@ -278,6 +280,29 @@ struct YamlOut {
 using detail::format_duration;
 using detail::format_size;
 
+// The sections beyond the contract's: trace export and encryption at rest.
+void render_extensions(YamlOut& y, const Settings& s) {
+  y.section(0, "tracing");
+  y.line(2, "otlp_endpoint", yaml_quote(s.tracing.otlp_endpoint));
+  {
+    std::array<char, 32> buf{};
+    const auto [end, ec] = std::to_chars(buf.data(), buf.data() + buf.size(), s.tracing.sample);
+    y.line(2, "sample", std::string(buf.data(), ec == std::errc{} ? end : buf.data()));
+  }
+
+  if (!s.encryption.keys.empty()) {
+    // Key files by path only: their contents are never printed.
+    std::string keys = "[";
+    for (const auto& k : s.encryption.keys) {
+      if (keys.size() > 1) keys += ", ";
+      keys += "{id: " + yaml_quote(k.id) + ", file: " + yaml_quote(k.file) + "}";
+    }
+    y.section(0, "encryption");
+    y.line(2, "keys", keys + "]");
+    y.line(2, "active", yaml_quote(s.encryption.active));
+  }
+}
+
 // Every key above `routes`, in the order the documentation lists them.
 void render_globals(YamlOut& y, const Settings& s) {
   y.line(0, "listen", yaml_quote(detail::format_endpoint(s.listen)));
@@ -356,6 +381,8 @@ void render_globals(YamlOut& y, const Settings& s) {
   y.line(2, "enabled", s.replay_cache.enabled ? "true" : "false");
   y.line(2, "max_bytes", format_size(s.replay_cache.max_bytes));
   y.line(2, "ttl", format_duration(s.replay_cache.ttl));
+
+  render_extensions(y, s);
 
   y.line(0, "unmatched", name(s.unmatched));
   y.line(0, "policy_path", yaml_quote(s.policy_path));

@@ -127,6 +127,27 @@ struct ReplayCacheSettings {
   Millis ttl{10000};
 };
 
+// `tracing`: W3C Trace Context is always continued (traceparent/tracestate forwarded, the
+// trace id logged and recorded); spans are exported only with an endpoint.
+struct TracingSettings {
+  std::string otlp_endpoint;  // as written; "" = no export
+  std::string host;           // parsed from otlp_endpoint
+  std::uint16_t port = 80;
+  std::string path;           // "/v1/traces" when the URL has no path
+  double sample = 1.0;        // share of new traces (no client traceparent) sampled
+};
+
+// `encryption`: stored answers sealed with AES-256-GCM (store/record_cipher.hpp). The key
+// files are read at start, by check-config and on reload; no keys = no encryption.
+struct EncryptionKeyFile {
+  std::string id;
+  std::string file;
+};
+struct EncryptionSettings {
+  std::vector<EncryptionKeyFile> keys;
+  std::string active;  // the id new records are sealed with; required with keys
+};
+
 enum class Unmatched { pass, reject };
 
 struct KeySettings {
@@ -221,6 +242,8 @@ struct Settings {
   LogSettings log;
   CleanupSettings cleanup;
   ReplayCacheSettings replay_cache;
+  TracingSettings tracing;
+  EncryptionSettings encryption;
   Unmatched unmatched = Unmatched::pass;
   // Where clients read the routes' idempotency policy (GET, JSON); "" = not served.
   std::string policy_path = "/.well-known/idempotency";

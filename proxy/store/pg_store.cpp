@@ -74,7 +74,8 @@ RETURNING attempt_token, fencing_token,
   "       (extract(epoch FROM completed_at) * 1000000)::bigint,\n" \
   "       (extract(epoch FROM expires_at) * 1000000)::bigint,\n" \
   "       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,\n" \
-  "       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint\n"
+  "       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint,\n" \
+  "       trace_id\n"
 
 constexpr const char* kReadSql = "SELECT " IDEM_RECORD_COLUMNS R"sql(
 FROM idempotency_requests
@@ -166,7 +167,8 @@ SET state = 'completed',
     resource_id = NULLIF($9, ''),
     completed_at = now(),
     expires_at = now() + $10::bigint * interval '1 millisecond',
-    lease_expires_at = NULL
+    lease_expires_at = NULL,
+    trace_id = NULLIF($11, '')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $4::bigint
   AND state = 'in_progress'
@@ -272,6 +274,7 @@ enum ReadColumn {
   kColExpiresAt,
   kColLeaseExpiresAt,
   kColRetentionRemaining,
+  kColTraceId,
   kReadColumns
 };
 
@@ -330,6 +333,7 @@ result<Record> decode_record(const pg::Result& r) {
       resp.body = std::move(*body);
     }
     resp.resource_id = std::string(r.value(0, kColResourceId));
+    resp.trace_id = std::string(r.value(0, kColTraceId));
     rec.response = std::move(resp);
   }
   return rec;
@@ -498,6 +502,7 @@ asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::in
   params.insert(params.end(), answer.begin(), answer.end());
   auto check_params = params;  // the same, without the retention
   params.push_back(pg::Param::text(retention_ms));
+  params.push_back(pg::Param::text(response.trace_id));
   auto r = co_await pool_->execute(kComplete, std::move(params));
   if (!r) co_return failed<Completed>(r.error());
   const auto expiry = [](const pg::Result& rows) -> result<Completed> {

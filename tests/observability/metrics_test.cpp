@@ -50,7 +50,11 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
   CHECK(e.types.at("idemproxy_refetches_total") == "counter");
   CHECK(e.types.at("idemproxy_reconciliations_total") == "counter");
-  CHECK(e.types.size() == 21);
+  CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
+  CHECK(e.types.size() == 22);
+  for (const char* result : {"exported", "dropped", "failed"}) {
+    CHECK(e.get("idemproxy_trace_spans_total", {{"result", result}}) == 0);
+  }
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -219,7 +223,8 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 21);
+        CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
+        CHECK(e.types.size() == 22);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
