@@ -1024,7 +1024,7 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
     res.set(std::string(kKeyExpiresHeader), imf_fixdate_from_us(x.key_expires_at_us));
   }
   // A replay names the original's trace, as recorded (none for a record written before
-  // migration 0005 or by a completion: backend route); every other answer its own.
+  // migration 0006 or by a completion: backend route); every other answer its own.
   if (x.answer_from_record) {
     if (x.row && x.row->response) x.record_trace_id = x.row->response->trace_id;
     if (!x.record_trace_id.empty()) res.set(std::string(kTraceIdHeader), x.record_trace_id);

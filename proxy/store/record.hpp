@@ -29,7 +29,7 @@ struct StoredResponse {
   bool body_omitted = false;          // body was larger than max_stored_body
   std::string resource_id;            // from Location; empty = none
   // The W3C trace id (32 hex digits) of the request that produced this answer; empty for
-  // records written before migration 0005 or by a backend (completion: backend).
+  // records written before migration 0006 or by a backend (completion: backend).
   std::string trace_id;
   friend bool operator==(const StoredResponse&, const StoredResponse&) = default;
 };
