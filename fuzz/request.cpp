@@ -195,8 +195,11 @@ Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
     parser.body_limit(boost::none);
     error_code hec;
     const std::size_t hn = http::read_header(stream, buffer, parser, hec);
+    // A header refusal is one kind of ending: 431 or 400, which one Beast reports may depend
+    // on segmentation (it waits for the end of the header before it parses a field that
+    // arrived in pieces).
     if (hec == http::error::header_limit || (!hec && hn > limits.max_header_bytes)) {
-      out.ended = "431 header";
+      out.ended = "header: 431";
       return out;
     }
     if (hec) {
