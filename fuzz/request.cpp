@@ -154,10 +154,15 @@ std::string body_refusal(const error_code& ec, const idem::http_parse::MessagePa
     overflow = idem::http_parse::pending_overflow(
         std::string_view(static_cast<const char*>(pending.data()), pending.size()));
   }
-  if (ec == http::error::body_limit) return "413 body";
-  if (overflow == idem::http_parse::Overflow::trailer) return "431 trailer";
-  if (overflow == idem::http_parse::Overflow::chunk_extensions) return "400 extensions";
-  return "body: " + ec.message();
+  // The kind (before ':') is what the client is answered; which 400 it is (the metadata
+  // budget, or Beast's refusal of a malformed line) may depend on segmentation: a malformed
+  // extension that arrives in pieces can fill the buffer cap before Beast sees its end.
+  if (ec == http::error::body_limit) return "body 413";
+  if (overflow == idem::http_parse::Overflow::trailer) return "body 431";
+  if (overflow == idem::http_parse::Overflow::chunk_extensions) return "body 400: the metadata budget";
+  const bool malformed = ec.category() == make_error_code(http::error::bad_chunk).category() &&
+                         ec != http::error::end_of_stream && ec != http::error::partial_message;
+  return std::string(malformed ? "body 400: " : "body, no answer: ") + ec.message();  // MIRROR: is_malformed()
 }
 
 std::string describe(const Outcome& o) {
