@@ -125,7 +125,11 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   po.acquire_timeout = cfg.database.statement_timeout;
   po.statements = store::pg_store_statements();
   w->pool = pg::Pool::create(w->ioc.get_executor(), std::move(po));
-  w->store = std::make_unique<store::PgStore>(w->pool);
+  store::PgBatching batching;
+  batching.enabled = cfg.database.batching;
+  batching.max_size = static_cast<std::size_t>(cfg.database.batch_max);
+  w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
+                                              batching);
   w->cached = std::make_unique<gateway::CachingStore>(*w->store, *replay_cache);
 
   upstream::PoolOptions uo;
