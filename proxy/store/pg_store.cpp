@@ -449,6 +449,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
 struct PgStore::Core {
   std::shared_ptr<pg::Pool> pool;
   ClaimRead claim_read = ClaimRead::adaptive;
+  bool lone_calls_batched = false;
   // Exponentially weighted share of recent claims that were lost (0..1).
   double lost_share = 0.0;
   BatchStats stats;
@@ -651,7 +652,7 @@ using ClaimBatcher = detail::Batcher<ClaimItem, result<ClaimResult>>;
 // commit would have read it (they are answered only once it is committed).
 asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
                                       std::vector<ClaimBatcher::SlotPtr>& batch) {
-  if (batch.size() == 1) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
     batch[0]->out = co_await claim_one(core, batch[0]->item.req);
     co_return;
   }
@@ -706,6 +707,7 @@ asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
   auto r = co_await core->pool->execute_pipeline(std::move(statements));
   if (!r) {
     const bool alone = retry_alone(r.error());
+    if (alone) ++core->stats.batches_refused;
     for (auto& s : batch) {
       if (alone) {
         s->alone = true;
@@ -780,7 +782,7 @@ constexpr std::size_t kMaxBatchedBody = 256u << 10;
 // single completion does. Repeated keys are completed alone, at once.
 asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
                                          std::vector<CompleteBatcher::SlotPtr>& batch) {
-  if (batch.size() == 1) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
     const CompleteItem& c = batch[0]->item;
     batch[0]->out = co_await complete_one(core->pool, *c.id, c.fence, *c.response, c.retention);
     co_return;
@@ -802,7 +804,7 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
     }
     members.push_back(i);
   }
-  if (members.size() == 1) {
+  if (members.size() == 1 && !core->lone_calls_batched) {
     const CompleteItem& c = batch[members[0]]->item;
     batch[members[0]]->out =
         co_await complete_one(core->pool, *c.id, c.fence, *c.response, c.retention);
@@ -845,6 +847,7 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
   auto r = co_await core->pool->execute(kCompleteBatch, std::move(update.params));
   if (!r) {
     const bool alone = retry_alone(r.error());
+    if (alone) ++core->stats.batches_refused;
     for (std::size_t i : members) {
       if (alone) {
         batch[i]->alone = true;
@@ -881,7 +884,8 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
     : core_(std::make_shared<Core>()) {
   core_->pool = std::move(pool);
   core_->claim_read = claim_read;
-  if (!batching.enabled || batching.max_size < 2) return;
+  core_->lone_calls_batched = batching.lone_calls_batched;
+  if (!batching.enabled || (batching.max_size < 2 && !batching.lone_calls_batched)) return;
   // A batch that threw (it never should) fails its members as a store that broke the
   // protocol.
   const auto broken = make_error_code(errc::store_protocol);

@@ -27,6 +27,9 @@ namespace idem::store {
 struct PgBatching {
   bool enabled = true;
   std::size_t max_size = 32;  // calls per batch
+  // A lone call normally keeps its single statement (the cheaper plan for one row); the
+  // tests set this to run every call through the batch statements.
+  bool lone_calls_batched = false;
 };
 
 class PgStore final : public Store {
@@ -68,6 +71,7 @@ class PgStore final : public Store {
     std::uint64_t claims_batched = 0;
     std::uint64_t completion_batches = 0;
     std::uint64_t completions_batched = 0;
+    std::uint64_t batches_refused = 0;  // refused by the server, retried call by call
   };
   BatchStats batch_stats() const noexcept;
 
