@@ -773,6 +773,16 @@ struct CompleteItem {
 };
 using CompleteBatcher = detail::Batcher<CompleteItem, result<Completed>>;
 
+// A lone completion, on the batch's side: with copies of what the caller lent, since the
+// statement outlasts the batch's first suspension (a caller whose wait is cancelled would
+// take its id and response with it).
+asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<pg::Pool> pool,
+                                                  const CompleteItem& c) {
+  const RecordId id = *c.id;
+  const StoredResponse response = *c.response;
+  co_return co_await complete_one(std::move(pool), id, c.fence, response, c.retention);
+}
+
 // Larger answers are completed alone: a batch's statement stays a few MiB at most.
 constexpr std::size_t kMaxBatchedBody = 256u << 10;
 
@@ -783,8 +793,7 @@ constexpr std::size_t kMaxBatchedBody = 256u << 10;
 asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
                                          std::vector<CompleteBatcher::SlotPtr>& batch) {
   if (batch.size() == 1 && !core->lone_calls_batched) {
-    const CompleteItem& c = batch[0]->item;
-    batch[0]->out = co_await complete_one(core->pool, *c.id, c.fence, *c.response, c.retention);
+    batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
     co_return;
   }
   std::vector<std::size_t> order(batch.size());
@@ -805,9 +814,7 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
     members.push_back(i);
   }
   if (members.size() == 1 && !core->lone_calls_batched) {
-    const CompleteItem& c = batch[members[0]]->item;
-    batch[members[0]]->out =
-        co_await complete_one(core->pool, *c.id, c.fence, *c.response, c.retention);
+    batch[members[0]]->out = co_await complete_alone(core->pool, batch[members[0]]->item);
     co_return;
   }
   if (members.empty()) co_return;
