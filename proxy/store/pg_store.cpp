@@ -1,6 +1,7 @@
 #include "store/pg_store.hpp"
 
 #include <algorithm>
+#include <deque>
 #include <initializer_list>
 #include <tuple>
 #include <unordered_map>
@@ -628,15 +629,15 @@ struct KeyArrays {
   }
 };
 
-// Encoded parameters and the buffers they view (kept in the batch's frame).
+// Encoded parameters and the buffers they view (kept in the batch's frame; a deque, so
+// adding a buffer never moves the earlier ones).
 struct Encoded {
-  std::vector<std::string> storage;
+  std::deque<std::string> storage;
   std::vector<pg::Param> params;
   void add(const ArrayParam& a) {
     storage.emplace_back();
     params.push_back(a.param(storage.back()));
   }
-  explicit Encoded(std::size_t n) { storage.reserve(n); }
 };
 
 struct ClaimItem {
@@ -644,123 +645,159 @@ struct ClaimItem {
 };
 using ClaimBatcher = detail::Batcher<ClaimItem, result<ClaimResult>>;
 
-// One batch of claims: the INSERT of every distinct key and, when wanted, the read of
-// the rows a loser needs, in one pipeline (one round trip, one transaction committed at
-// the sync). A key claimed twice in one batch is inserted once, for the member that came
-// first; the later ones lose and get the row read after the insert, in the same
-// transaction, which is the winner's row exactly as a claim right after the winner's
-// commit would have read it (they are answered only once it is committed).
-asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
-                                      std::vector<ClaimBatcher::SlotPtr>& batch) {
-  if (batch.size() == 1 && !core->lone_calls_batched) {
-    batch[0]->out = co_await claim_one(core, batch[0]->item.req);
-    co_return;
-  }
-  // Key order (see kClaimBatchSql: one lock order for every batch); stable, so the first
-  // member of a repeated key is the one that came first.
+// Member indexes in key order (one lock order for every batch: kClaimBatchSql); stable,
+// so of a repeated key the member that came first comes first.
+template <class Slots, class IdOf>
+std::vector<std::size_t> key_order(const Slots& batch, IdOf id_of) {
   std::vector<std::size_t> order(batch.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return key_less(batch[a]->item.req.id, batch[b]->item.req.id);
+    return key_less(id_of(*batch[a]), id_of(*batch[b]));
   });
-  const bool read_along = core->read_with_claim();
-  std::unordered_map<std::string, std::size_t> slot_of_key;  // key -> inserting member
-  std::vector<bool> inserts(batch.size(), false);
-  std::vector<bool> repeated(batch.size(), false);  // by inserting member
+  return order;
+}
+
+// What one claim batch sends: the INSERT of every distinct key and, when wanted, the read
+// of the rows its losers need. Built before the round trip, from the members' copies.
+struct ClaimPlan {
+  bool read_along = false;
+  std::vector<bool> inserts;  // by member: its row is in the INSERT
+  Encoded insert, read;
+  bool with_read = false;
+};
+
+ClaimPlan plan_claims(const PgStore::Core& core, const std::vector<ClaimBatcher::SlotPtr>& batch) {
+  ClaimPlan plan;
+  plan.read_along = core.read_with_claim();
+  plan.inserts.assign(batch.size(), false);
+  std::unordered_map<std::string, std::size_t> inserting;  // key -> its inserting member
+  std::vector<bool> repeated(batch.size(), false);         // by inserting member
   KeyArrays insert_keys, read_keys;
   ArrayParam fingerprints{ArrayParam::Type::text}, principals{ArrayParam::Type::text};
   ArrayParam leases{ArrayParam::Type::int8}, retentions{ArrayParam::Type::int8};
-  for (const std::size_t i : order) {
+  for (const std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return s.item.req.id; })) {
     const ClaimRequest& req = batch[i]->item.req;
-    auto [it, first] = slot_of_key.emplace(full_key(req.id), i);
+    auto [it, first] = inserting.emplace(full_key(req.id), i);
     if (!first) {
       // A repeat: it needs the key's row (read once per key; with read_along it is
       // already among the reads).
-      if (!read_along && !repeated[it->second]) read_keys.add(req.id);
+      if (!plan.read_along && !repeated[it->second]) read_keys.add(req.id);
       repeated[it->second] = true;
       continue;
     }
-    inserts[i] = true;
+    plan.inserts[i] = true;
     insert_keys.add(req.id);
     fingerprints.add_text(req.fingerprint);
     principals.add_text(req.principal);
     leases.add_int64(req.lease.count());
     retentions.add_int64(req.retention.count());
-    if (read_along) read_keys.add(req.id);
+    if (plan.read_along) read_keys.add(req.id);
   }
-  Encoded insert(7), read(3);
   for (const auto* a : {&insert_keys.tenants, &insert_keys.endpoints, &insert_keys.keys,
                         &fingerprints, &principals, &leases, &retentions}) {
-    insert.add(*a);
+    plan.insert.add(*a);
   }
-  const bool with_read = read_keys.keys.size() > 0;
-  if (with_read) {
-    for (const auto* a : {&read_keys.tenants, &read_keys.endpoints, &read_keys.keys}) read.add(*a);
-  }
-  ++core->stats.claim_batches;
-  core->stats.claims_batched += batch.size();
-
-  // ---- the round trip (the first suspension: everything the members lent is copied)
-  std::vector<pg::Pool::Batched> statements;
-  statements.push_back({kClaimBatch, std::move(insert.params)});
-  if (with_read) statements.push_back({kReadBatch, std::move(read.params)});
-  auto r = co_await core->pool->execute_pipeline(std::move(statements));
-  if (!r) {
-    const bool alone = retry_alone(r.error());
-    if (alone) ++core->stats.batches_refused;
-    for (auto& s : batch) {
-      if (alone) {
-        s->alone = true;
-      } else {
-        s->out = failed<ClaimResult>(r.error());
-      }
+  plan.with_read = read_keys.keys.size() > 0;
+  if (plan.with_read) {
+    for (const auto* a : {&read_keys.tenants, &read_keys.endpoints, &read_keys.keys}) {
+      plan.read.add(*a);
     }
-    co_return;
   }
+  return plan;
+}
 
-  // Winners by key, from RETURNING; rows read by key.
-  const pg::Result& won = (*r)[0];
+// Each member's answer from the batch's results: winners by the key RETURNING names,
+// losers with the row read for them (repeats always, others with read_along).
+void answer_claims(PgStore::Core& core, const ClaimPlan& plan,
+                   const std::vector<pg::Result>& results,
+                   std::vector<ClaimBatcher::SlotPtr>& batch) {
+  const auto fail_all = [&](error_code ec) {
+    for (auto& s : batch) s->out = result<ClaimResult>(ec);
+  };
+  const pg::Result& won = results[0];
   std::unordered_map<std::string, Ownership> owners;
   for (int row = 0; row < won.rows(); ++row) {
     const auto attempt = won.int64(row, 3);
     const auto fence = won.int64(row, 4);
     const auto created = won.int64(row, 5);
     const auto expires = won.int64(row, 6);
-    if (won.columns() != 7 || !attempt || !fence || !created || !expires) {
-      for (auto& s : batch) s->out = result<ClaimResult>(bad_row());
-      co_return;
-    }
+    if (won.columns() != 7 || !attempt || !fence || !created || !expires) return fail_all(bad_row());
     owners.emplace(full_key(won, row, 0), Ownership{*attempt, *fence, *created, *expires});
   }
   std::unordered_map<std::string, Record> rows;
-  if (with_read) {
-    const pg::Result& read_rows = (*r)[1];
-    for (int row = 0; row < read_rows.rows(); ++row) {
-      auto rec = decode_record(read_rows, row, 3);
-      if (!rec) {
-        for (auto& s : batch) s->out = result<ClaimResult>(rec.error());
-        co_return;
-      }
-      rows.emplace(full_key(read_rows, row, kReadColumns), std::move(*rec));
+  if (plan.with_read) {
+    const pg::Result& read = results[1];
+    for (int row = 0; row < read.rows(); ++row) {
+      auto rec = decode_record(read, row, 3);
+      if (!rec) return fail_all(rec.error());
+      rows.emplace(full_key(read, row, kReadColumns), std::move(*rec));
     }
   }
   for (std::size_t i = 0; i < batch.size(); ++i) {
     const std::string key = full_key(batch[i]->item.req.id);
-    ClaimResult out;
-    if (inserts[i]) {
+    if (plan.inserts[i]) {
       if (auto it = owners.find(key); it != owners.end()) {
-        core->count_claim(false);
+        core.count_claim(false);
         batch[i]->out = ClaimResult{true, it->second};
         continue;
       }
     }
-    core->count_claim(true);
-    if (!inserts[i] || read_along) {
-      out.row_read = true;
-      if (auto it = rows.find(key); it != rows.end()) out.row = it->second;
+    core.count_claim(true);
+    ClaimResult lost;
+    if (!plan.inserts[i] || plan.read_along) {
+      lost.row_read = true;
+      if (auto it = rows.find(key); it != rows.end()) lost.row = it->second;
     }
-    batch[i]->out = std::move(out);
+    batch[i]->out = std::move(lost);
   }
+}
+
+// After a failed batch: every member alone (the server refused it) or failed as its own
+// call would have.
+template <class Slots, class Members, class Out>
+void batch_failed(PgStore::Core& core, const error_code& ec, Slots& batch, const Members& members,
+                  Out failure) {
+  const bool alone = retry_alone(ec);
+  if (alone) ++core.stats.batches_refused;
+  for (std::size_t i : members) {
+    if (alone) {
+      batch[i]->alone = true;
+    } else {
+      batch[i]->out = failure;
+    }
+  }
+}
+
+std::vector<std::size_t> all_members(std::size_t n) {
+  std::vector<std::size_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// One batch of claims in one pipeline: one round trip, one transaction committed at the
+// sync, before any member is answered. A key claimed twice in one batch is inserted once,
+// for the member that came first; the later ones lose and get the row read after the
+// insert, in the same transaction: the winner's row exactly as a claim right after the
+// winner's commit would have read it.
+asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
+                                      std::vector<ClaimBatcher::SlotPtr>& batch) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
+    batch[0]->out = co_await claim_one(core, batch[0]->item.req);
+    co_return;
+  }
+  ClaimPlan plan = plan_claims(*core, batch);
+  ++core->stats.claim_batches;
+  core->stats.claims_batched += batch.size();
+  std::vector<pg::Pool::Batched> statements;
+  statements.push_back({kClaimBatch, std::move(plan.insert.params)});
+  if (plan.with_read) statements.push_back({kReadBatch, std::move(plan.read.params)});
+  auto r = co_await core->pool->execute_pipeline(std::move(statements));
+  if (!r) {
+    batch_failed(*core, r.error(), batch, all_members(batch.size()),
+                 failed<ClaimResult>(r.error()));
+    co_return;
+  }
+  answer_claims(*core, plan, *r, batch);
 }
 
 struct CompleteItem {
@@ -786,38 +823,26 @@ asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<pg::Pool> pool
 // Larger answers are completed alone: a batch's statement stays a few MiB at most.
 constexpr std::size_t kMaxBatchedBody = 256u << 10;
 
-// One batch of completions: one UPDATE, each row guarded by its own member's fence. A
-// member it did not write to is answered `fenced` here; the caller then asks, on its
-// own, whether its answer was already recorded (the rare retry path), exactly as the
-// single completion does. Repeated keys are completed alone, at once.
-asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
-                                         std::vector<CompleteBatcher::SlotPtr>& batch) {
-  if (batch.size() == 1 && !core->lone_calls_batched) {
-    batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
-    co_return;
-  }
-  std::vector<std::size_t> order(batch.size());
-  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-    return key_less(*batch[a]->item.id, *batch[b]->item.id);
-  });
-  std::unordered_map<std::string, std::size_t> slot_of_key;
+// Which members the UPDATE carries: each key once, bodies up to kMaxBatchedBody. The
+// others (a repeated key, a large body) are sent alone at once.
+std::vector<std::size_t> completion_members(std::vector<CompleteBatcher::SlotPtr>& batch) {
+  std::unordered_map<std::string, std::size_t> seen;
   std::vector<std::size_t> members;
-  for (std::size_t i : order) {
+  for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return *s.item.id; })) {
     const CompleteItem& c = batch[i]->item;
     const bool big = !c.response->body_omitted && c.response->body.size() > kMaxBatchedBody;
-    if (big || !slot_of_key.emplace(full_key(*c.id), i).second) {
+    if (big || !seen.emplace(full_key(*c.id), i).second) {
       batch[i]->alone = true;
       batch[i]->wake.cancel();
       continue;
     }
     members.push_back(i);
   }
-  if (members.size() == 1 && !core->lone_calls_batched) {
-    batch[members[0]]->out = co_await complete_alone(core->pool, batch[members[0]]->item);
-    co_return;
-  }
-  if (members.empty()) co_return;
+  return members;
+}
+
+Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
+                           const std::vector<std::size_t>& members) {
   KeyArrays keys;
   ArrayParam fences{ArrayParam::Type::int8}, statuses{ArrayParam::Type::int4};
   ArrayParam headers{ArrayParam::Type::text}, bodies{ArrayParam::Type::bytea};
@@ -839,29 +864,40 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
     resources.add_text(c.response->resource_id);
     retentions.add_int64(c.retention.count());
   }
-  Encoded update(10);
+  Encoded update;
   for (const auto* a : {&keys.tenants, &keys.endpoints, &keys.keys, &fences, &statuses, &headers,
                         &bodies, &omitted, &resources, &retentions}) {
     update.add(*a);
   }
-  std::vector<std::string> member_keys;
+  return update;
+}
+
+// One batch of completions: one UPDATE, each row guarded by its own member's fence. A
+// member it did not write to is answered `fenced` here; the caller then asks, on its
+// own, whether its answer was already recorded (the rare retry path), exactly as the
+// single completion does.
+asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
+                                         std::vector<CompleteBatcher::SlotPtr>& batch) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
+    batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
+    co_return;
+  }
+  const std::vector<std::size_t> members = completion_members(batch);
+  if (members.empty()) co_return;
+  if (members.size() == 1 && !core->lone_calls_batched) {
+    batch[members[0]]->out = co_await complete_alone(core->pool, batch[members[0]]->item);
+    co_return;
+  }
+  Encoded update = encode_completions(batch, members);
+  std::vector<std::string> member_keys;  // owned: the members' ids are not read after this
   member_keys.reserve(members.size());
   for (std::size_t i : members) member_keys.push_back(full_key(*batch[i]->item.id));
   ++core->stats.completion_batches;
   core->stats.completions_batched += members.size();
 
-  // ---- the round trip (the first suspension: everything the members lent is copied)
   auto r = co_await core->pool->execute(kCompleteBatch, std::move(update.params));
   if (!r) {
-    const bool alone = retry_alone(r.error());
-    if (alone) ++core->stats.batches_refused;
-    for (std::size_t i : members) {
-      if (alone) {
-        batch[i]->alone = true;
-      } else {
-        batch[i]->out = failed<Completed>(r.error());
-      }
-    }
+    batch_failed(*core, r.error(), batch, members, failed<Completed>(r.error()));
     co_return;
   }
   std::unordered_map<std::string, Completed> written;
@@ -875,8 +911,7 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
   }
   for (std::size_t m = 0; m < members.size(); ++m) {
     auto it = written.find(member_keys[m]);
-    batch[members[m]]->out =
-        it != written.end() ? it->second : Completed{Completion::fenced, 0};
+    batch[members[m]]->out = it != written.end() ? it->second : Completed{Completion::fenced, 0};
   }
 }
 
