@@ -128,6 +128,9 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   store::PgBatching batching;
   batching.enabled = cfg.database.batching;
   batching.max_size = static_cast<std::size_t>(cfg.database.batch_max);
+  batching.on_batch = [m = metrics](std::string_view op, std::size_t calls) {
+    m->store_batch(op, calls);
+  };
   w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
                                               batching);
   w->cached = std::make_unique<gateway::CachingStore>(*w->store, *replay_cache);

@@ -451,6 +451,7 @@ struct PgStore::Core {
   std::shared_ptr<pg::Pool> pool;
   ClaimRead claim_read = ClaimRead::adaptive;
   bool lone_calls_batched = false;
+  std::function<void(std::string_view, std::size_t)> on_batch;
   // Exponentially weighted share of recent claims that were lost (0..1).
   double lost_share = 0.0;
   BatchStats stats;
@@ -788,6 +789,7 @@ asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
   ClaimPlan plan = plan_claims(*core, batch);
   ++core->stats.claim_batches;
   core->stats.claims_batched += batch.size();
+  if (core->on_batch) core->on_batch("claim", batch.size());
   std::vector<pg::Pool::Batched> statements;
   statements.push_back({kClaimBatch, std::move(plan.insert.params)});
   if (plan.with_read) statements.push_back({kReadBatch, std::move(plan.read.params)});
@@ -894,6 +896,7 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
   for (std::size_t i : members) member_keys.push_back(full_key(*batch[i]->item.id));
   ++core->stats.completion_batches;
   core->stats.completions_batched += members.size();
+  if (core->on_batch) core->on_batch("complete", members.size());
 
   auto r = co_await core->pool->execute(kCompleteBatch, std::move(update.params));
   if (!r) {
@@ -927,6 +930,7 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
   core_->pool = std::move(pool);
   core_->claim_read = claim_read;
   core_->lone_calls_batched = batching.lone_calls_batched;
+  core_->on_batch = std::move(batching.on_batch);
   if (!batching.enabled || (batching.max_size < 2 && !batching.lone_calls_batched)) return;
   // A batch that threw (it never should) fails its members as a store that broke the
   // protocol.

@@ -9,7 +9,9 @@
 // each call; a call in flight keeps the pool alive by itself. Request arguments (ids,
 // bodies) are referenced, not copied: keep them alive until the call completes.
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string_view>
 
 #include "pg/pool.hpp"
 #include "store/store.hpp"
@@ -30,6 +32,9 @@ struct PgBatching {
   // A lone call normally keeps its single statement (the cheaper plan for one row); the
   // tests set this to run every call through the batch statements.
   bool lone_calls_batched = false;
+  // Told of every batch statement sent: "claim" or "complete", and how many calls it
+  // carried (for metrics). Runs on the store's thread; may be empty.
+  std::function<void(std::string_view op, std::size_t calls)> on_batch;
 };
 
 class PgStore final : public Store {
