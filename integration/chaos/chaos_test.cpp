@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checker.hpp"
+#include "failover_report.hpp"
 #include "faults.hpp"
 #include "history.hpp"
 #include "idempotency/fingerprint.hpp"
@@ -436,4 +437,123 @@ TEST_CASE("checker: unsettled entries, unexpected answers, duplicate orders") {
   Scenario never;
   never.entry();
   CHECK(rules(never.check()) == std::set<std::string>{"no_definite_answer"});
+}
+
+TEST_CASE("checker: a request forwarded on a claim the store does not hold") {
+  Scenario s = healthy();
+  s.rows.orders[0].operation_id = "op-1";
+  s.rows.arrivals = {{"tenant-a", "op-1", 1, 7}, {"tenant-a", "op-1", 2, 9}};
+  // Without the witness the rule cannot be checked, and is not.
+  CHECK(s.check().violations.empty());
+  s.rows.claims_witnessed = true;
+  s.rows.claims = {{"tenant-a", "op-1", 7}, {"tenant-a", "op-1", 9}, {"tenant-a", "op-1", 12}};
+  auto r = s.check();
+  CHECK(r.violations.empty());
+  CHECK(r.arrivals_with_claim == 2);
+  // Token 9 reached the backend, but no claim with it survived (a failover lost it): the
+  // same token of another tenant's operation is no alibi.
+  s.rows.claims = {{"tenant-a", "op-1", 7}, {"tenant-b", "op-1", 9}};
+  r = s.check();
+  REQUIRE(rules(r) == std::set<std::string>{"forwarded_without_claim"});
+  CHECK(r.violations[0].detail.find("tenant-a/cust-1") != std::string::npos);
+  CHECK(r.violations[0].detail.find("fencing token 9") != std::string::npos);
+}
+
+// ---------------------------------------------------------------- failover runs
+
+TEST_CASE("chaos faults: the failover kinds are a group of their own, never in all") {
+  const auto failover = std::get<FaultSet>(parse_faults("failover"));
+  CHECK(failover.kinds == std::set<FaultKind>{FaultKind::pg_failover, FaultKind::pg_failover_vanish,
+                                              FaultKind::pg_switchover});
+  const auto all = std::get<FaultSet>(parse_faults("all"));
+  for (const auto k : all.kinds) CHECK_FALSE(is_failover(k));
+  CHECK(describe(all) == "all");
+  CHECK(describe(std::get<FaultSet>(parse_faults("all,pg-switchover"))) != "all");
+
+  // Every step is a failover, the kinds in turn; partners join half the time.
+  const FaultTimings timings{.lease = Millis(1000), .response_timeout = Millis(1000)};
+  Schedule schedule(9, std::get<FaultSet>(parse_faults("failover,kill,combo")), timings);
+  int partners = 0;
+  for (int i = 0; i < 60; ++i) {
+    const Step step = schedule.next();
+    REQUIRE_FALSE(step.faults.empty());
+    CHECK(step.faults[0].kind == std::vector<FaultKind>{FaultKind::pg_failover,
+                                                        FaultKind::pg_failover_vanish,
+                                                        FaultKind::pg_switchover}[i % 3]);
+    if (step.faults[0].kind != FaultKind::pg_switchover) CHECK(step.faults[0].hold >= Millis(1000));
+    if (step.faults.size() == 2) {
+      ++partners;
+      CHECK(step.faults[1].kind == FaultKind::kill);
+      CHECK(step.faults[1].start <= Millis(7000));
+    }
+  }
+  CHECK(partners > 15);
+  CHECK(partners < 45);
+}
+
+namespace {
+
+Attempt at(int replica, std::int64_t sent_ms, std::int64_t received_ms, int status,
+           std::string code = "", bool replayed = false) {
+  Attempt a;
+  a.replica = replica;
+  a.sent_us = sent_ms * 1000;
+  a.received_us = received_ms * 1000;
+  a.status = status;
+  a.code = std::move(code);
+  a.replayed = replayed;
+  return a;
+}
+
+NemesisEvent ev(std::int64_t at_ms, std::string action, std::string fault, std::string detail = "") {
+  return NemesisEvent{.at_us = at_ms * 1000, .action = std::move(action), .fault = std::move(fault),
+                      .detail = std::move(detail)};
+}
+
+}  // namespace
+
+TEST_CASE("failover report: promotion, the 503 window and the first new order") {
+  const std::string u = "idempotency_store_unavailable";
+  const std::vector<Attempt> history{
+      at(0, 900, 950, 201),                      // before the kill
+      at(0, 990, 1010, 201),                     // sent before, answered after: not a recovery
+      at(0, 1001, 1005, 503, u),                 // first 503
+      at(1, 1002, 1300, 0),                      // no answer (a silent connection)
+      at(1, 1400, 1400, 201, "", true),          // a cached replay: a 2xx, not a new order
+      at(0, 6000, 6001, 503, u),
+      at(1, 7000, 7100, 503, u),                 // last 503
+      at(1, 7050, 7200, 201),                    // first new order, replica 1
+      at(0, 7150, 7300, 201),                    // replica 0
+      at(0, 20000, 20001, 503, u),               // the next failover's
+  };
+  const std::vector<NemesisEvent> events{
+      ev(1000, "start", "pg-failover", "primary a killed"),
+      ev(7000, "promoted", "pg-failover", "b accepts writes after 6000 ms"),
+      ev(15000, "heal", "pg-failover"),
+      ev(16000, "start", "kill"),                // not a failover: ignored
+      ev(19500, "start", "pg-switchover", "switchover from b"),
+      ev(22000, "promoted", "pg-switchover"),
+  };
+  const auto f = failover_figures(history, events);
+  REQUIRE(f.size() == 2);
+  CHECK(f[0].kind == "pg-failover");
+  CHECK(f[0].detail == "primary a killed");
+  CHECK(f[0].promoted_us - f[0].start_us == 6'000'000);
+  CHECK(f[0].healed_us == 15'000'000);
+  CHECK(f[0].end_us == 19'500'000);
+  CHECK(f[0].answers_503 == 3);
+  CHECK(f[0].first_503_us == 1'005'000);
+  CHECK(f[0].last_503_us == 7'100'000);
+  CHECK(f[0].first_success_us == 1'400'000);
+  CHECK(f[0].first_created_us == 7'200'000);
+  CHECK(f[0].first_created_by_replica[1] == 7'200'000);
+  CHECK(f[0].first_created_by_replica[0] == 7'300'000);
+  CHECK(f[0].until_created.at("store_unavailable") == 3);
+  CHECK(f[0].until_created.at("no_answer") == 1);
+  CHECK(f[0].until_created.at("replayed") == 1);
+  CHECK(f[1].answers_503 == 1);
+  CHECK(f[1].first_created_us == -1);  // nothing recovered within the history
+  CHECK(f[1].healed_us == -1);
+  CHECK(offset_text(1'000'000, 7'100'000) == "+6.10 s");
+  CHECK(offset_text(0, -1) == "-");
 }

@@ -82,6 +82,7 @@ class Checker {
       : plan_(plan), entries_(entries), history_(history), snapshot_(snapshot) {}
 
   CheckResult run() {
+    result_.entries = entries_;
     index();
     settle_entries();
     for (const auto& [op, attempts] : by_operation_) check_operation(plan_.operations.at(op), attempts);
@@ -261,11 +262,25 @@ class Checker {
       if (o.operation_id) key_of[{o.tenant, *o.operation_id}] = o.tenant + "/" + o.customer_id;
     }
     std::map<std::tuple<std::string, std::string, std::int64_t>, std::vector<std::int64_t>> seen;
+    std::set<std::tuple<std::string, std::string, std::int64_t>> claimed;
+    for (const auto& c : snapshot_.claims) claimed.insert({c.tenant, c.operation_id, c.fencing_token});
     for (const auto& a : snapshot_.arrivals) {
       ++result_.arrivals;
       if (!a.fencing_token) continue;
       ++result_.arrivals_with_token;
       seen[{a.tenant, a.operation_id, *a.fencing_token}].push_back(a.attempt);
+      if (!snapshot_.claims_witnessed) continue;
+      if (claimed.contains({a.tenant, a.operation_id, *a.fencing_token})) {
+        ++result_.arrivals_with_claim;
+        continue;
+      }
+      const auto named = key_of.find({a.tenant, a.operation_id});
+      violation("forwarded_without_claim",
+                (named != key_of.end() ? named->second : a.tenant + "/?") + " (operation " +
+                    a.operation_id.substr(0, 12) + "): attempt " + std::to_string(a.attempt) +
+                    " reached the backend with fencing token " + std::to_string(*a.fencing_token) +
+                    ", which no claim the store holds ever carried: it was forwarded on a "
+                    "claim that did not survive");
     }
     for (const auto& [id, attempts] : seen) {
       if (attempts.size() < 2) continue;

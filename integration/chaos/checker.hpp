@@ -30,6 +30,11 @@
 //   fencing_token_reused      no two requests that reached the backend for one operation
 //                             carried the same fencing token (the sidecar forwards once
 //                             per claim: two claims of the key shared a token)
+//   forwarded_without_claim   every request that reached the backend carried the fencing
+//                             token of a claim the store still holds the trace of (a
+//                             witness row written in the claim's own transaction): nothing
+//                             was forwarded on a claim that was not durable, e.g. one a
+//                             failover lost. Checked when the run witnessed claims.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -69,10 +74,20 @@ struct ArrivalRow {
   std::optional<std::int64_t> fencing_token;  // nullopt: the sidecar sent none
 };
 
+// One claim, takeover or replacement the store committed (chaos_claims, written by a
+// trigger in the same transaction as the write that drew the token).
+struct ClaimRow {
+  std::string tenant;
+  std::string operation_id;  // idemproxy_operation_id(tenant, endpoint, key)
+  std::int64_t fencing_token = 0;
+};
+
 struct Snapshot {
   std::vector<OrderRow> orders;
   std::vector<RecordRow> records;  // the run's route (endpoint) only
   std::vector<ArrivalRow> arrivals;
+  std::vector<ClaimRow> claims;
+  bool claims_witnessed = false;  // the witness trigger was installed for the whole run
 };
 
 struct Violation {
@@ -84,6 +99,7 @@ struct CheckResult {
   std::vector<Violation> violations;
   std::array<std::size_t, kAnswerClasses> answers{};  // requests by class
   std::size_t requests = 0;
+  std::size_t entries = 0;  // entries run (checked)
   std::size_t entries_settled = 0;
   std::size_t operations = 0;           // operations some entry reached
   std::size_t operations_with_order = 0;
@@ -91,6 +107,7 @@ struct CheckResult {
   std::size_t max_attempts = 0;         // of one entry
   std::size_t arrivals = 0;             // requests that reached the backend
   std::size_t arrivals_with_token = 0;
+  std::size_t arrivals_with_claim = 0;  // ... whose token a witnessed claim carried
   std::map<std::string, std::size_t> violations_by_rule;
 };
 

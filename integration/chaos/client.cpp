@@ -28,22 +28,36 @@ std::string problem_code(const it::HttpResponse& res) {
 
 Clients::Clients(const Plan& plan, History& history, std::vector<std::uint16_t> replica_ports,
                  ClientOptions options)
-    : plan_(plan), history_(history), ports_(std::move(replica_ports)), options_(options) {}
+    : plan_(plan),
+      history_(history),
+      ports_(std::move(replica_ports)),
+      options_(options),
+      limit_(plan.entries.size()) {}
 
 void Clients::run() {
   std::vector<std::jthread> threads;
   for (std::size_t i = 0; i < options_.workers; ++i) threads.emplace_back([this] { worker(); });
 }
 
+std::size_t Clients::take() {
+  std::lock_guard lock(take_mutex_);
+  const std::size_t next = next_.load();
+  if (aborted_.load() || next >= limit_) return plan_.entries.size();
+  next_.store(next + 1);
+  return next;
+}
+
+void Clients::drain() {
+  std::lock_guard lock(take_mutex_);
+  limit_ = next_.load();
+}
+
 void Clients::worker() {
   std::vector<it::HttpClient> clients;
   for (const auto port : ports_) clients.emplace_back(port);
   for (;;) {
-    const std::size_t index = aborted_.load() ? plan_.entries.size() : next_.fetch_add(1);
-    if (index >= plan_.entries.size()) {
-      next_.store(plan_.entries.size());
-      return;
-    }
+    const std::size_t index = take();
+    if (index >= plan_.entries.size()) return;
     run_entry(index, clients);
     settled_.fetch_add(1);
   }

@@ -10,7 +10,7 @@ namespace idem::chaos {
 
 namespace {
 
-constexpr std::array<std::pair<FaultKind, std::string_view>, 13> kNames{{
+constexpr std::array<std::pair<FaultKind, std::string_view>, 16> kNames{{
     {FaultKind::kill, "kill"},
     {FaultKind::pause, "pause"},
     {FaultKind::pg_restart_fast, "pg-restart-fast"},
@@ -24,6 +24,9 @@ constexpr std::array<std::pair<FaultKind, std::string_view>, 13> kNames{{
     {FaultKind::net_blackhole, "net-blackhole"},
     {FaultKind::net_reset, "net-reset"},
     {FaultKind::net_refuse, "net-refuse"},
+    {FaultKind::pg_failover, "pg-failover"},
+    {FaultKind::pg_failover_vanish, "pg-failover-vanish"},
+    {FaultKind::pg_switchover, "pg-switchover"},
 }};
 
 const std::map<std::string_view, std::vector<FaultKind>>& groups() {
@@ -36,6 +39,8 @@ const std::map<std::string_view, std::vector<FaultKind>>& groups() {
       {"net",
        {FaultKind::net_delay, FaultKind::net_blackhole, FaultKind::net_reset,
         FaultKind::net_refuse}},
+      {"failover",
+       {FaultKind::pg_failover, FaultKind::pg_failover_vanish, FaultKind::pg_switchover}},
   };
   return g;
 }
@@ -49,7 +54,10 @@ Target target_of(const Fault& f) {
     case FaultKind::kill:
     case FaultKind::pause: return f.replica == 0 ? Target::replica0 : Target::replica1;
     case FaultKind::pg_restart_fast:
-    case FaultKind::pg_restart_immediate: return Target::database;
+    case FaultKind::pg_restart_immediate:
+    case FaultKind::pg_failover:
+    case FaultKind::pg_failover_vanish:
+    case FaultKind::pg_switchover: return Target::database;
     case FaultKind::net_delay:
     case FaultKind::net_blackhole:
     case FaultKind::net_reset:
@@ -72,10 +80,17 @@ std::string_view fault_name(FaultKind kind) {
   return "?";
 }
 
+bool is_failover(FaultKind kind) {
+  return kind == FaultKind::pg_failover || kind == FaultKind::pg_failover_vanish ||
+         kind == FaultKind::pg_switchover;
+}
+
 const std::vector<FaultKind>& all_fault_kinds() {
   static const std::vector<FaultKind> all = [] {
     std::vector<FaultKind> v;
-    for (const auto& [k, name] : kNames) v.push_back(k);
+    for (const auto& [k, name] : kNames) {
+      if (!is_failover(k)) v.push_back(k);
+    }
     return v;
   }();
   return all;
@@ -118,7 +133,8 @@ std::variant<FaultSet, std::string> parse_faults(std::string_view list) {
 
 std::string describe(const FaultSet& set) {
   if (set.kinds.empty()) return "none";
-  if (set.combos && set.kinds.size() == all_fault_kinds().size()) return "all";
+  const auto& all = all_fault_kinds();
+  if (set.combos && set.kinds == std::set<FaultKind>(all.begin(), all.end())) return "all";
   std::string out;
   for (const auto k : set.kinds) {
     if (!out.empty()) out += ",";
@@ -130,6 +146,10 @@ std::string describe(const FaultSet& set) {
 
 std::string link_name(int replica, bool database) {
   return "r" + std::to_string(replica) + (database ? "-pg" : "-api");
+}
+
+std::string node_link_name(int replica, const std::string& node) {
+  return link_name(replica, true) + "-" + node;
 }
 
 std::string Fault::detail() const {
@@ -153,6 +173,8 @@ std::string Fault::detail() const {
       for (const auto& l : links) s += (s.empty() ? "" : "+") + l;
       s += " " + render_link_mode(link_mode);
       break;
+    case FaultKind::pg_failover:
+    case FaultKind::pg_failover_vanish: s = "the primary, down at least"; break;
     default: s = "-"; break;
   }
   if (relax.count() > 0) s += ", failing until +" + std::to_string(relax.count()) + " ms";
@@ -208,7 +230,14 @@ Fault Schedule::make(FaultKind kind) {
       f.hold = Millis(rng_.between(lease * 6 / 5, lease * 5));
       break;
     case FaultKind::pg_restart_fast:
-    case FaultKind::pg_restart_immediate: f.hold = Millis(0); break;
+    case FaultKind::pg_restart_immediate:
+    case FaultKind::pg_switchover: f.hold = Millis(0); break;
+    case FaultKind::pg_failover:
+    case FaultKind::pg_failover_vanish:
+      // From the kill; the promotion alone takes longer than the shortest (a few
+      // seconds), so the old primary comes back sometimes at once, sometimes later.
+      f.hold = Millis(rng_.between(1000, 12000));
+      break;
     case FaultKind::backend_pause: f.hold = Millis(rng_.between(300, timeout * 3)); break;
     case FaultKind::backend_slow:
       // Half the time past the response timeout (the sidecar gives up: unknown outcome),
@@ -282,6 +311,24 @@ Step Schedule::next() {
   Step step;
   if (kinds_.empty()) {
     step.gap = Millis(1000);
+    return step;
+  }
+  // With failover kinds every step is a failover, the kinds in turn (a run of N
+  // failovers meets each kind when N allows); the other kinds only join as partners.
+  std::vector<FaultKind> failover_kinds;
+  std::copy_if(kinds_.begin(), kinds_.end(), std::back_inserter(failover_kinds), is_failover);
+  if (!failover_kinds.empty()) {
+    step.faults.push_back(make(failover_kinds[failover_turn_++ % failover_kinds.size()]));
+    std::vector<FaultKind> partners;
+    std::copy_if(kinds_.begin(), kinds_.end(), std::back_inserter(partners),
+                 [](FaultKind k) { return !is_failover(k); });
+    if (set_.combos && !partners.empty() && rng_.chance(0.5)) {
+      Fault other = make(pick(partners));
+      // Somewhere in the failover's first seconds: before, during or after the promotion.
+      other.start = Millis(rng_.between(0, 7000));
+      step.faults.push_back(std::move(other));
+    }
+    step.gap = Millis(rng_.between(1000, 3000));
     return step;
   }
   step.faults.push_back(make(pick(kinds_)));

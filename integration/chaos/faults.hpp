@@ -18,8 +18,18 @@
 //   net-blackhole         links stall: nothing flows, nothing closes
 //   net-reset             links reset every connection, open and new
 //   net-refuse            links refuse new connections
-// Groups: all (every kind, and combinations), none, process (kill, pause), pg, backend,
-// net; "combo" adds combinations (two faults of different targets at once) to a list.
+// Groups: all (every kind above, and combinations), none, process (kill, pause), pg,
+// backend, net; "combo" adds combinations (two faults of different targets at once) to a
+// list.
+//
+// Failover kinds (group "failover"; only with --failover, where the store is a
+// pg_auto_failover cluster of two nodes, and never part of "all"):
+//   pg-failover           SIGKILL the primary node (its keeper and PostgreSQL); the
+//                         monitor promotes the secondary; later the old primary is
+//                         started again and rejoins as the secondary
+//   pg-failover-vanish    the same, and the replicas' links to the old primary blackhole
+//                         while it is down (a crashed machine: no RST, only silence)
+//   pg-switchover         a planned switchover (pg_autoctl perform switchover)
 #include <chrono>
 #include <cstdint>
 #include <set>
@@ -49,8 +59,13 @@ enum class FaultKind {
   net_blackhole,
   net_reset,
   net_refuse,
+  pg_failover,
+  pg_failover_vanish,
+  pg_switchover,
 };
+bool is_failover(FaultKind kind);
 std::string_view fault_name(FaultKind kind);
+// The kinds of "all": every kind but the failover ones.
 const std::vector<FaultKind>& all_fault_kinds();
 
 struct FaultSet {
@@ -63,8 +78,10 @@ struct FaultSet {
 std::variant<FaultSet, std::string> parse_faults(std::string_view list);
 std::string describe(const FaultSet& set);
 
-// The names of the fault proxy's links (fault_proxy.cpp), per replica and target.
+// The names of the fault proxy's links (fault_proxy.cpp), per replica and target; with
+// --failover, per replica and cluster node (e.g. "r0-pg-a").
 std::string link_name(int replica, bool database);
+std::string node_link_name(int replica, const std::string& node);
 
 // One fault, fully decided: where, how strong, how long.
 struct Fault {
@@ -78,6 +95,8 @@ struct Fault {
   bool after_commit = false;       // backend-slow: delay after (not before) the commit
                                    // (backend-503-*: the delay is always before it)
   int every = 1;                   // backend-503-*: fail every k-th request
+                                   // (pg-failover*: hold is how long the old primary
+                                   // stays down at least, from its kill)
   Millis relax{0};                 // backend-503-*: from start + relax on (if > 0), the
                                    // backend stops failing and is only slow
 
@@ -110,6 +129,7 @@ class Schedule {
   FaultKind pick(const std::vector<FaultKind>& from);
 
   Rng rng_;
+  std::size_t failover_turn_ = 0;
   FaultSet set_;
   FaultTimings timings_;
   std::vector<FaultKind> kinds_;

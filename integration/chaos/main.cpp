@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -25,6 +26,8 @@
 
 #include "checker.hpp"
 #include "client.hpp"
+#include "cluster.hpp"
+#include "failover_report.hpp"
 #include "faults.hpp"
 #include "history.hpp"
 #include "nemesis.hpp"
@@ -48,10 +51,16 @@ constexpr const char* kUsage = R"(usage: idem_chaos [options]
   --keep           keep the logs and the history also when every invariant held
   --lease D        the route's lease (default 1000ms); pauses last longer than it
   --response-timeout D   the sidecar's upstream response timeout (default 1000ms)
+  --failover N     the store is a pg_auto_failover cluster (scripts/lib/paf-up); the run
+                   ends after N failover steps (and the entries under way settle); faults
+                   default to "failover"; --ops defaults to 200000 (an upper bound)
 fault kinds: kill pause pg-restart-fast pg-restart-immediate backend-kill backend-pause
   backend-slow backend-503-before backend-503-after net-delay net-blackhole net-reset
   net-refuse; groups: all none process pg backend net; combo adds combinations
+  with --failover only: pg-failover pg-failover-vanish pg-switchover (group failover),
+  combinable with the process and backend kinds
 environment: DATABASE_URL (required), IDEM_TEST_PGCTL (required with pg faults),
+  IDEM_FAILOVER_NODES and IDEM_FAILOVER_CTL (with --failover; paf-up prints them),
   IDEMPROXY_BIN, IDEM_ORDER_BACKEND_BIN, IDEM_FAULT_PROXY_BIN (default: the build's)
 exit status: 0 every invariant held, 1 violations (evidence kept in --out), 2 usage/setup
 )";
@@ -61,9 +70,12 @@ constexpr std::chrono::seconds kStallAfter{90};
 
 struct Args {
   std::size_t ops = 2000;
+  bool ops_given = false;
   std::uint64_t seed = 0;
   bool seed_given = false;
   FaultSet faults;
+  bool faults_given = false;
+  std::size_t failovers = 0;  // > 0: --failover
   std::size_t clients = 8;
   std::string out;
   bool keep = false;
@@ -101,6 +113,29 @@ Millis duration(std::string_view name, std::string_view text) {
   return Millis(number(name, text, 600'000) * scale);
 }
 
+// The failover kinds need the cluster; with it, the network and pg-restart kinds have no
+// target (the links are per node, the nodes are the failover's).
+void check_fault_mode(Args& a) {
+  if (a.failovers == 0) {
+    for (const auto k : a.faults.kinds) {
+      if (is_failover(k)) throw UsageError(std::string(fault_name(k)) + " needs --failover N");
+    }
+    return;
+  }
+  if (!a.faults_given) a.faults = std::get<FaultSet>(parse_faults("failover"));
+  if (!a.ops_given) a.ops = 200'000;
+  bool any_failover = false;
+  for (const auto k : a.faults.kinds) {
+    any_failover = any_failover || is_failover(k);
+    const auto target = std::string(fault_name(k));
+    if (target.starts_with("net-") || target.starts_with("pg-restart")) {
+      throw UsageError(target + " is not available with --failover (process, backend and "
+                                "failover kinds are)");
+    }
+  }
+  if (!any_failover) throw UsageError("--failover needs a failover kind in --faults");
+}
+
 Args parse(int argc, char** argv) {
   Args a;
   a.faults = std::get<FaultSet>(parse_faults("all"));
@@ -118,6 +153,9 @@ Args parse(int argc, char** argv) {
     const std::string_view value = argv[++i];
     if (arg == "--ops") {
       a.ops = number(arg, value, 100'000'000);
+      a.ops_given = true;
+    } else if (arg == "--failover") {
+      a.failovers = number(arg, value, 1000);
     } else if (arg == "--seed") {
       a.seed = number(arg, value, ~std::uint64_t{0} / 10);
       a.seed_given = true;
@@ -125,6 +163,7 @@ Args parse(int argc, char** argv) {
       auto parsed = parse_faults(value);
       if (auto* error = std::get_if<std::string>(&parsed)) throw UsageError("--faults: " + *error);
       a.faults = std::get<FaultSet>(parsed);
+      a.faults_given = true;
     } else if (arg == "--clients") {
       a.clients = number(arg, value, 256);
     } else if (arg == "--out") {
@@ -137,6 +176,7 @@ Args parse(int argc, char** argv) {
       throw UsageError("unknown option '" + std::string(arg) + "'");
     }
   }
+  check_fault_mode(a);
   if (!a.seed_given) {
     a.seed = (static_cast<std::uint64_t>(::getpid()) << 20) ^
              static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
@@ -152,7 +192,36 @@ Args parse(int argc, char** argv) {
 
 // ------------------------------------------------------------------ rows and dumps
 
-Snapshot snapshot(idem::it::Db& db) {
+// The witness of every claim: a row per fencing token drawn by a claim, takeover or
+// replacement, written by a trigger in the same transaction, so it is exactly as durable
+// as the claim itself. Test instrumentation of the run's own database, installed after
+// the replicas migrated it and before any traffic.
+constexpr std::array<const char*, 3> kClaimWitnessSql{
+    R"sql(
+CREATE TABLE chaos_claims (
+  tenant_id       text        NOT NULL,
+  endpoint        text        NOT NULL,
+  idempotency_key text        NOT NULL,
+  fencing_token   bigint      NOT NULL,
+  committed_at    timestamptz NOT NULL DEFAULT clock_timestamp()
+))sql",
+    R"sql(
+CREATE FUNCTION chaos_witness_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  INSERT INTO chaos_claims (tenant_id, endpoint, idempotency_key, fencing_token)
+  VALUES (NEW.tenant_id, NEW.endpoint, NEW.idempotency_key, NEW.fencing_token);
+  RETURN NULL;
+END
+$$)sql",
+    R"sql(
+CREATE TRIGGER chaos_witness_claim
+  AFTER INSERT OR UPDATE OF fencing_token ON idempotency_requests
+  FOR EACH ROW EXECUTE FUNCTION chaos_witness_claim())sql",
+};
+
+// orders and arrivals from the order API's database, records and claims from the store's
+// (the same database unless the store is a cluster).
+Snapshot snapshot(idem::it::Db& db, idem::it::Db& store) {
   Snapshot s;
   for (const auto& r : db.query(
            "SELECT order_id::text, tenant_id, customer_id, amount::text, checkout_id, "
@@ -168,7 +237,14 @@ Snapshot snapshot(idem::it::Db& db) {
     if (r.at(3)) a.fencing_token = std::stoll(*r.at(3));
     s.arrivals.push_back(std::move(a));
   }
-  for (const auto& r : db.query(
+  for (const auto& r : store.query(
+           "SELECT tenant_id, idemproxy_operation_id(tenant_id, endpoint, idempotency_key), "
+           "fencing_token::text FROM chaos_claims")) {
+    s.claims.push_back({r.at(0).value_or(""), r.at(1).value_or(""),
+                        std::stoll(r.at(2).value_or("0"))});
+  }
+  s.claims_witnessed = true;
+  for (const auto& r : store.query(
            "SELECT tenant_id, idempotency_key, state, response_status::text, "
            "convert_from(response_body, 'UTF8'), attempt_token::text "
            "FROM idempotency_requests WHERE endpoint = 'POST /orders'")) {
@@ -269,9 +345,52 @@ struct RunFigures {
   std::string stalled;  // why the run was stopped early, if it was
 };
 
+json::object failover_json(const FailoverFigures& f) {
+  const auto ms = [&](std::int64_t at) -> json::value {
+    if (at < 0) return nullptr;
+    return static_cast<double>(at - f.start_us) / 1000.0;
+  };
+  json::object until;
+  for (const auto& [k, n] : f.until_created) until[k] = n;
+  return json::object{
+      {"kind", f.kind},
+      {"detail", f.detail},
+      {"at_seconds", static_cast<double>(f.start_us) / 1e6},
+      {"promoted_ms", ms(f.promoted_us)},
+      {"first_503_ms", ms(f.first_503_us)},
+      {"last_503_ms", ms(f.last_503_us)},
+      {"answers_503", f.answers_503},
+      {"first_success_ms", ms(f.first_success_us)},
+      {"first_created_ms", ms(f.first_created_us)},
+      {"first_created_ms_replica_0", ms(f.first_created_by_replica[0])},
+      {"first_created_ms_replica_1", ms(f.first_created_by_replica[1])},
+      {"rejoined_ms", ms(f.healed_us)},
+      {"answers_until_first_created", std::move(until)},
+  };
+}
+
+std::string failover_text(const FailoverFigures& f) {
+  const auto at = [&](std::int64_t us) { return offset_text(f.start_us, us); };
+  std::ostringstream out;
+  out << "  " << f.kind << " at " << offset_text(0, f.start_us).substr(1) << " (" << f.detail
+      << "): a node accepted writes " << at(f.promoted_us) << "; ";
+  if (f.answers_503 == 0) {
+    out << "no 503";
+  } else {
+    out << f.answers_503 << " answers 503 from " << at(f.first_503_us) << " to "
+        << at(f.last_503_us);
+  }
+  out << "; first new order after that " << at(f.first_created_us) << " (replica 0 "
+      << at(f.first_created_by_replica[0]) << ", replica 1 " << at(f.first_created_by_replica[1])
+      << "), first 2xx " << at(f.first_success_us) << "; cluster whole again "
+      << at(f.healed_us) << "\n";
+  return out.str();
+}
+
 json::object summary_json(const Args& args, const CheckResult& r, const RunFigures& f,
                           const std::map<std::string, std::size_t>& faults,
-                          const MetricValues& metrics, const Snapshot& rows) {
+                          const MetricValues& metrics, const Snapshot& rows,
+                          const std::vector<FailoverFigures>& failovers) {
   json::object answers;
   for (std::size_t c = 0; c < kAnswerClasses; ++c) {
     answers[answer_class_name(static_cast<AnswerClass>(c))] = r.answers[c];
@@ -286,10 +405,12 @@ json::object summary_json(const Args& args, const CheckResult& r, const RunFigur
   for (const auto& [rule, n] : r.violations_by_rule) violations[rule] = n;
   std::size_t completed = 0;
   for (const auto& rec : rows.records) completed += rec.state == "completed" ? 1 : 0;
-  const double ops_per_second = f.load_seconds > 0 ? static_cast<double>(args.ops) / f.load_seconds : 0;
+  const double ops_per_second = f.load_seconds > 0 ? static_cast<double>(r.entries) / f.load_seconds : 0;
+  json::array failover_list;
+  for (const auto& fo : failovers) failover_list.push_back(failover_json(fo));
   return json::object{
       {"seed", args.seed},
-      {"ops", args.ops},
+      {"ops", r.entries},
       {"clients", args.clients},
       {"faults_selected", describe(args.faults)},
       {"load_seconds", f.load_seconds},
@@ -307,6 +428,10 @@ json::object summary_json(const Args& args, const CheckResult& r, const RunFigur
       {"fenced_answers", by_label(metrics, "idemproxy_fenced_answers_total", "answer")},
       {"backend_arrivals", r.arrivals},
       {"backend_arrivals_with_fencing_token", r.arrivals_with_token},
+      {"backend_arrivals_with_witnessed_claim", r.arrivals_with_claim},
+      {"claims_witnessed", rows.claims.size()},
+      {"failovers", std::move(failover_list)},
+      {"replay_cache_active_at_end", sum_of(metrics, "idemproxy_replay_cache_active")},
       {"lease_renewals", sum_of(metrics, "idemproxy_lease_renewals_total")},
       {"sidecar_outcomes", by_label(metrics, "idemproxy_requests_total", "outcome")},
       {"store_errors", by_label(metrics, "idemproxy_store_errors_total", "kind")},
@@ -320,7 +445,7 @@ json::object summary_json(const Args& args, const CheckResult& r, const RunFigur
   };
 }
 
-std::string summary_text(const json::object& s) {
+std::string summary_text(const json::object& s, const std::vector<FailoverFigures>& failovers) {
   const auto num = [&](std::string_view k) { return plain(s.at(k)); };
   std::ostringstream out;
   out << "idemproxy chaos run: seed " << num("seed") << ", " << num("ops") << " client operations, "
@@ -337,12 +462,18 @@ std::string summary_text(const json::object& s) {
       << " (fenced owners answered: " << text_of(s.at("fenced_answers").as_object())
       << "), lease renewals " << num("lease_renewals") << "\n"
       << "  backend: " << num("backend_arrivals") << " requests reached it ("
-      << num("backend_arrivals_with_fencing_token") << " with a fencing token)\n"
+      << num("backend_arrivals_with_fencing_token") << " with a fencing token, "
+      << num("backend_arrivals_with_witnessed_claim") << " of a claim the store holds; "
+      << num("claims_witnessed") << " claims witnessed)\n"
       << "  sidecar outcomes: " << text_of(s.at("sidecar_outcomes").as_object()) << "\n"
       << "  store errors: " << text_of(s.at("store_errors").as_object()) << "\n"
       << "  rows: " << num("orders") << " orders for " << num("operations") << " operations ("
       << num("orders_no_client_was_told_about") << " that no client was told about), "
       << num("records") << " records, " << num("records_completed") << " completed\n";
+  if (!failovers.empty()) {
+    out << "  failovers (" << failovers.size() << "; times from each one's start):\n";
+    for (const auto& f : failovers) out << failover_text(f);
+  }
   if (s.at("violations").to_number<std::int64_t>() == 0) {
     out << "  every invariant held\n";
   } else {
@@ -358,8 +489,11 @@ std::string summary_text(const json::object& s) {
 // out; then everything is healed and the open entries are retried until they settle. A
 // run in which nothing settles for kStallAfter is stalled (a replica that cannot serve at
 // all, say): it is stopped and reported, instead of retrying for hours.
+//
+// With --failover N the load ends instead when the nemesis has done its N failovers: the
+// clients take no new entries, and the entries under way settle as above.
 RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology& topology,
-                 History& history) {
+                 History& history, std::size_t failovers) {
   RunFigures figures;
   std::int64_t quiet_us = run_clock_us();
   const auto load_start = std::chrono::steady_clock::now();
@@ -390,7 +524,11 @@ RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology&
       }
     }
   };
-  watch([&] { return clients.taken() >= plan.entries.size() || clients_done.load(); });
+  watch([&] {
+    return clients.taken() >= plan.entries.size() || clients_done.load() ||
+           (failovers > 0 && nemesis.failovers() >= failovers);
+  });
+  clients.drain();
   nemesis.stop();
   nemesis_thread.join();
   history.add(NemesisEvent{.at_us = run_clock_us(), .action = "quiet", .fault = "-", .detail = "healing"});
@@ -410,15 +548,16 @@ RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology&
 
 // Summary (always), violations and rows (on failure or --keep), on screen and on disk.
 void report(const Args& args, const fs::path& out, const CheckResult& result, const json::object& summary,
-            idem::it::Db& db) {
-  const std::string text = summary_text(summary);
+            const std::vector<FailoverFigures>& failovers, idem::it::Db& db, idem::it::Db& store) {
+  const std::string text = summary_text(summary, failovers);
   std::ofstream(out / "summary.json") << json::serialize(summary) << '\n';
   std::ofstream(out / "summary.txt") << text;
   std::cout << text;
   const bool failed = !result.violations.empty();
   if (failed || args.keep) {
     dump(db, "demo_orders.orders", out / "orders.jsonl");
-    dump(db, "idempotency_requests", out / "idempotency_requests.jsonl");
+    dump(store, "idempotency_requests", out / "idempotency_requests.jsonl");
+    dump(store, "chaos_claims", out / "claims.jsonl");
     dump(db, "demo_orders.arrivals", out / "arrivals.jsonl");
   }
   if (!failed) return;
@@ -446,20 +585,34 @@ int run(const Args& args) {
             << describe(args.faults) << ", evidence in " << out.string() << std::endl;
 
   const std::string database = "chaos_" + std::to_string(args.seed) + "_" + std::to_string(::getpid());
+  std::optional<Cluster> cluster;
+  if (args.failovers > 0) {
+    cluster.emplace(Cluster::from_environment());
+    cluster->wait_healthy(60s);
+    std::cout << "chaos: the store is a pg_auto_failover cluster (primary "
+              << cluster->primary().value_or("?") << "); the order API's database is "
+              << idem::it::database_url() << std::endl;
+  }
   Topology topology(TopologyOptions{.server_url = idem::it::database_url(),
                                     .database = database,
                                     .lease = args.lease,
-                                    .response_timeout = args.response_timeout});
+                                    .response_timeout = args.response_timeout,
+                                    .cluster = cluster ? &*cluster : nullptr});
+  // The replicas have migrated the store by now (migrate: auto, before they listen).
+  {
+    idem::it::Db store(topology.store_url());
+    for (const char* sql : kClaimWitnessSql) store.exec(sql);
+  }
   MetricsTally tally;
   Nemesis nemesis(topology, history,
                   Schedule(Rng::derive(args.seed, 0xfa17), args.faults,
                            FaultTimings{.lease = args.lease,
                                         .response_timeout = args.response_timeout,
                                         .client_timeout = ClientOptions{}.request_timeout}),
-                  tally);
+                  tally, args.failovers);
   Clients clients(plan, history, {topology.replica_port(0), topology.replica_port(1)},
                   ClientOptions{.seed = args.seed, .workers = args.clients});
-  const RunFigures figures = drive(plan, clients, nemesis, topology, history);
+  const RunFigures figures = drive(plan, clients, nemesis, topology, history, args.failovers);
 
   for (int r = 0; r < Topology::kReplicas; ++r) {
     if (auto values = topology.scrape(r)) tally.observe(r, *values);
@@ -467,22 +620,29 @@ int run(const Args& args) {
   bool failed = false;
   {
     idem::it::Db db(topology.database_url());
-    const Snapshot rows = snapshot(db);
-    CheckResult result = check(plan, plan.entries.size(), history.attempts(), rows);
+    idem::it::Db store(topology.store_url());
+    const Snapshot rows = snapshot(db, store);
+    CheckResult result = check(plan, clients.taken(), history.attempts(), rows);
     if (!figures.stalled.empty()) {
       result.violations.insert(result.violations.begin(), Violation{"stalled", figures.stalled});
       ++result.violations_by_rule["stalled"];
     }
+    const auto failovers = failover_figures(history.attempts(), history.events());
     report(args, out, result,
-           summary_json(args, result, figures, nemesis.faults_by_kind(), tally.totals(), rows), db);
+           summary_json(args, result, figures, nemesis.faults_by_kind(), tally.totals(), rows,
+                        failovers),
+           failovers, db, store);
     failed = !result.violations.empty();
-  }  // the run's database is not in use past here: it can be dropped
+  }  // the run's databases are not in use past here: they can be dropped
   topology.stop();
   if (!failed && !args.keep) {
     fs::remove_all(out / "processes");
     fs::remove(out / "history.jsonl");
     idem::it::Db admin(idem::it::database_url());
     admin.exec("DROP DATABASE IF EXISTS " + database + " WITH (FORCE)");
+    if (cluster) {
+      idem::it::Db(cluster->url("postgres")).exec("DROP DATABASE IF EXISTS " + database + " WITH (FORCE)");
+    }
   }
   return failed ? 1 : 0;
 }

@@ -36,8 +36,13 @@ MetricValues MetricsTally::totals() const {
 
 // -------------------------------------------------------------------------- Nemesis
 
-Nemesis::Nemesis(Topology& topology, History& history, Schedule schedule, MetricsTally& tally)
-    : topology_(topology), history_(history), schedule_(std::move(schedule)), tally_(tally) {}
+Nemesis::Nemesis(Topology& topology, History& history, Schedule schedule, MetricsTally& tally,
+                 std::size_t max_failovers)
+    : topology_(topology),
+      history_(history),
+      schedule_(std::move(schedule)),
+      tally_(tally),
+      max_failovers_(max_failovers) {}
 
 void Nemesis::stop() {
   {
@@ -70,7 +75,72 @@ void Nemesis::scrape_all() {
   }
 }
 
-void Nemesis::apply(const Fault& f) {
+// The primary is killed, or a switchover asked for ("start"); a watcher thread records
+// the moment another node accepts writes ("promoted"), while the step's other faults (a
+// replica killed meanwhile, say) go on: the report measures the clients' answers from the
+// start on. The old primary stays down until the heal (rejoin).
+void Nemesis::fail_over(const Fault& f) {
+  const Cluster& cluster = topology_.cluster();
+  const auto old_primary = cluster.primary();
+  if (!old_primary) throw it::Failure("no primary to fail over from:\n" + cluster.state());
+  const bool switchover = f.kind == FaultKind::pg_switchover;
+  if (switchover) {
+    event("start", f, "switchover from " + *old_primary);
+  } else {
+    killed_node_ = *old_primary;
+    topology_.kill_node(*old_primary, f.kind == FaultKind::pg_failover_vanish);
+    // Recorded once the node is dead: whatever a client sends from now on meets the
+    // failover.
+    event("start", f, "primary " + *old_primary + " killed" +
+                          (f.kind == FaultKind::pg_failover_vanish ? ", its links blackholed" : ""));
+  }
+  promotion_ = std::jthread([this, f, switchover, old = *old_primary, &cluster] {
+    const auto start = Clock::now();
+    try {
+      // pg_autoctl perform switchover returns once the whole transition is over; the
+      // promotion is watched meanwhile, as for a kill.
+      std::string switchover_error;
+      std::jthread command;
+      if (switchover) {
+        command = std::jthread([&cluster, &switchover_error] {
+          try {
+            cluster.switchover();
+          } catch (const std::exception& e) {
+            switchover_error = e.what();
+          }
+        });
+      }
+      const std::string promoted = cluster.wait_promoted(old, std::chrono::seconds(90));
+      const auto ms = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+      event("promoted", f, promoted + " accepts writes after " + std::to_string(ms) + " ms");
+      if (command.joinable()) command.join();
+      if (!switchover_error.empty()) throw it::Failure(switchover_error);
+    } catch (const std::exception& e) {
+      ++errors_;
+      event("error", f, std::string("promotion: ") + e.what());
+    }
+  });
+}
+
+// Once the promotion is over, the old primary starts again and rejoins as the secondary;
+// the step ends when the cluster is whole (synchronous replication back), so the next
+// failover loses nothing.
+void Nemesis::rejoin() {
+  if (promotion_.joinable()) promotion_.join();
+  const auto start = Clock::now();
+  if (!killed_node_.empty()) {
+    topology_.start_node(killed_node_);
+    killed_node_.clear();
+  }
+  topology_.cluster().wait_healthy(std::chrono::seconds(120));
+  rejoined_ms_ = std::chrono::duration_cast<Millis>(Clock::now() - start).count();
+}
+
+bool Nemesis::apply(const Fault& f) {
+  if (is_failover(f.kind)) {
+    fail_over(f);
+    return false;
+  }
   switch (f.kind) {
     case FaultKind::kill:
       if (auto values = topology_.scrape(f.replica)) tally_.observe(f.replica, *values);
@@ -99,7 +169,11 @@ void Nemesis::apply(const Fault& f) {
     case FaultKind::net_blackhole:
     case FaultKind::net_reset:
     case FaultKind::net_refuse: topology_.set_links(f.links, f.link_mode); break;
+    case FaultKind::pg_failover:
+    case FaultKind::pg_failover_vanish:
+    case FaultKind::pg_switchover: break;  // above
   }
+  return true;
 }
 
 // The backend goes on being slow, but stops failing.
@@ -122,6 +196,9 @@ void Nemesis::heal(const Fault& f) {
     case FaultKind::net_blackhole:
     case FaultKind::net_reset:
     case FaultKind::net_refuse: topology_.set_links(f.links, LinkMode{}); break;
+    case FaultKind::pg_failover:
+    case FaultKind::pg_failover_vanish:
+    case FaultKind::pg_switchover: rejoin(); break;
   }
 }
 
@@ -138,8 +215,13 @@ void Nemesis::run() {
   };
   for (;;) {
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       if (stopping_) return;
+      if (max_failovers_ > 0 && failovers_ >= max_failovers_) {
+        // Done: the run drains its clients and stops us.
+        wake_.wait(lock, [&] { return stopping_; });
+        return;
+      }
     }
     const Step step = schedule_.next();
     std::vector<Action> timeline;
@@ -157,20 +239,29 @@ void Nemesis::run() {
       const Fault& f = step.faults[action.fault];
       const char* what = action.act == Act::start ? "start" : action.act == Act::relax ? "relax" : "heal";
       try {
+        bool record = true;
         if (action.act == Act::start) {
-          apply(f);
+          record = apply(f);
           std::lock_guard lock(mutex_);
           ++counts_[std::string(fault_name(f.kind))];
         } else if (action.act == Act::relax) {
           relax(f);
         } else {
           heal(f);
+          if (is_failover(f.kind)) {
+            event(what, f, "cluster whole again after " + std::to_string(rejoined_ms_) + " ms");
+            record = false;
+          }
         }
-        event(what, f);
+        if (record) event(what, f);
       } catch (const std::exception& e) {
         ++errors_;
         event("error", f, std::string(what) + ": " + e.what());
       }
+    }
+    if (std::any_of(step.faults.begin(), step.faults.end(),
+                    [](const Fault& f) { return is_failover(f.kind); })) {
+      ++failovers_;
     }
     scrape_all();
     if (wait_until(Clock::now() + step.gap)) return;

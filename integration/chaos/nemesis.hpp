@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include "faults.hpp"
 #include "history.hpp"
@@ -34,7 +35,10 @@ class MetricsTally {
 
 class Nemesis {
  public:
-  Nemesis(Topology& topology, History& history, Schedule schedule, MetricsTally& tally);
+  // `max_failovers` > 0: after that many steps with a failover fault (healed), no more
+  // steps are drawn (the run then drains its clients).
+  Nemesis(Topology& topology, History& history, Schedule schedule, MetricsTally& tally,
+          std::size_t max_failovers = 0);
 
   // Runs steps until stop() (the step under way is healed first).
   void run();
@@ -42,9 +46,13 @@ class Nemesis {
 
   std::map<std::string, std::size_t> faults_by_kind() const;
   std::size_t errors() const { return errors_; }
+  std::size_t failovers() const { return failovers_; }  // failover steps done and healed
 
  private:
-  void apply(const Fault& f);
+  // Applies the start of `f`; false when it wrote its own history events (failovers).
+  bool apply(const Fault& f);
+  void fail_over(const Fault& f);
+  void rejoin();
   void relax(const Fault& f);
   void heal(const Fault& f);
   // Sleeps until `until` or stop(); true when stopped.
@@ -61,6 +69,11 @@ class Nemesis {
   bool stopping_ = false;
   std::map<std::string, std::size_t> counts_;
   std::atomic<std::size_t> errors_{0};
+  std::size_t max_failovers_ = 0;
+  std::atomic<std::size_t> failovers_{0};
+  std::string killed_node_;  // the old primary of the failover under way
+  std::jthread promotion_;   // waits for the failover under way to promote a node
+  std::int64_t rejoined_ms_ = 0;
 };
 
 }  // namespace idem::chaos

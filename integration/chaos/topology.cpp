@@ -1,5 +1,6 @@
 #include "topology.hpp"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <iostream>
@@ -142,13 +143,28 @@ Topology::Topology(TopologyOptions options) : options_(std::move(options)) {
   }
   server_ = *server;
   run_url_ = server_.with(server_.host, server_.port, options_.database);
-  {
-    // The database name is made of [a-z0-9_] by the caller: an identifier cannot be a
-    // parameter. Commits must survive an immediate shutdown, which the throwaway server's
-    // synchronous_commit = off does not promise: this database turns it back on.
-    it::Db admin(options_.server_url);
+  store_url_ = options_.cluster ? options_.cluster->url(options_.database) : run_url_;
+  // The database name is made of [a-z0-9_] by the caller: an identifier cannot be a
+  // parameter. Commits must survive an immediate shutdown, which the throwaway server's
+  // synchronous_commit = off does not promise: this database turns it back on (on the
+  // cluster it is on anyway, and waits for the synchronous standby).
+  const auto create = [&](const std::string& admin_url) {
+    it::Db admin(admin_url);
     admin.exec("CREATE DATABASE " + options_.database);
     admin.exec("ALTER DATABASE " + options_.database + " SET synchronous_commit = on");
+  };
+  create(options_.server_url);
+  if (options_.cluster) {
+    create(options_.cluster->url("postgres"));
+    // Synchronous replication waits for the standby's flush, not its replay: until the
+    // standby has replayed the CREATE DATABASE, a session there is refused (3D000), and
+    // the harness's own blocking connects (libpq's list handling) would stop at it.
+    for (const auto& n : options_.cluster->nodes()) {
+      retry_until(30s, "node " + n.name + " did not show the run's database", [&] {
+        it::Db node("postgresql://postgres@" + n.host + ":" + std::to_string(n.port) + "/" +
+                    options_.database + "?connect_timeout=2");
+      });
+    }
   }
   start_backend_process();
   start_proxy();
@@ -182,8 +198,15 @@ void Topology::start_backend_process() {
 void Topology::start_proxy() {
   std::vector<std::string> args{"--control", "127.0.0.1:0"};
   for (int r = 0; r < kReplicas; ++r) {
-    args.push_back("--link");
-    args.push_back(link_name(r, true) + "=0:" + server_.host + ":" + std::to_string(server_.port));
+    if (options_.cluster) {
+      for (const auto& n : options_.cluster->nodes()) {
+        args.push_back("--link");
+        args.push_back(node_link_name(r, n.name) + "=0:" + n.host + ":" + std::to_string(n.port));
+      }
+    } else {
+      args.push_back("--link");
+      args.push_back(link_name(r, true) + "=0:" + server_.host + ":" + std::to_string(server_.port));
+    }
     args.push_back("--link");
     args.push_back(link_name(r, false) + "=0:127.0.0.1:" + std::to_string(backend_port_));
   }
@@ -204,7 +227,20 @@ it::SidecarOptions Topology::replica_options(int r) const {
   s.upstream_url = "http://127.0.0.1:" + std::to_string(link_ports_.at(link_name(r, false)));
   s.upstream_connect_timeout = "500ms";
   s.upstream_response_timeout = millis(options_.response_timeout);
-  s.database_url = server_.with("127.0.0.1", link_ports_.at(link_name(r, true)), options_.database);
+  if (options_.cluster) {
+    // Every node, in the cluster's order, through this replica's links; libpq keeps the
+    // one that takes writes.
+    std::string hosts;
+    for (const auto& n : options_.cluster->nodes()) {
+      if (!hosts.empty()) hosts += ",";
+      hosts += "127.0.0.1:" + std::to_string(link_ports_.at(node_link_name(r, n.name)));
+    }
+    s.database_url = "postgresql://postgres@" + hosts + "/" + options_.database +
+                     "?target_session_attrs=read-write";
+  } else {
+    s.database_url =
+        server_.with("127.0.0.1", link_ports_.at(link_name(r, true)), options_.database);
+  }
   s.database_pool_size = 8;
   s.database_connect_timeout = "1s";
   s.database_statement_timeout = "1s";
@@ -225,7 +261,9 @@ it::SidecarOptions Topology::replica_options(int r) const {
   s.routes = {route};
   // Replica 0 answers retries from its replay cache, replica 1 always from PostgreSQL:
   // both paths run under the same faults.
-  if (r == 0) s.extra_yaml = "replay_cache:\n  enabled: true\n  max_bytes: 8MiB\n  ttl: 10s\n";
+  // (The cache is on by default: replica 1 turns it off.)
+  s.extra_yaml = r == 0 ? "replay_cache:\n  enabled: true\n  max_bytes: 8MiB\n  ttl: 10s\n"
+                        : "replay_cache:\n  enabled: false\n";
   return s;
 }
 
@@ -302,10 +340,40 @@ void Topology::restart_database(bool immediate) {
   it::pgctl(immediate ? "restart-immediate" : "restart-fast", 90s);
 }
 
+const Cluster& Topology::cluster() const {
+  if (!options_.cluster) throw it::Failure("this run's store is not a cluster (--failover)");
+  return *options_.cluster;
+}
+
+void Topology::kill_node(const std::string& node, bool vanish) {
+  if (vanish) {
+    std::vector<std::string> links;
+    for (int r = 0; r < kReplicas; ++r) links.push_back(node_link_name(r, node));
+    set_links(links, LinkMode{.kind = LinkKind::blackhole});
+  }
+  cluster().kill(node);
+  if (std::find(down_nodes_.begin(), down_nodes_.end(), node) == down_nodes_.end()) {
+    down_nodes_.push_back(node);
+  }
+}
+
+void Topology::start_node(const std::string& node) {
+  // The machine is back: reachable again, then its service starts and rejoins.
+  std::vector<std::string> links;
+  for (int r = 0; r < kReplicas; ++r) links.push_back(node_link_name(r, node));
+  set_links(links, LinkMode{});
+  cluster().start(node);
+  down_nodes_.erase(std::remove(down_nodes_.begin(), down_nodes_.end(), node), down_nodes_.end());
+}
+
 void Topology::heal() {
   std::vector<std::string> all;
   for (const auto& [name, port] : link_ports_) all.push_back(name);
   set_links(all, LinkMode{});
+  if (options_.cluster) {
+    for (const auto& node : std::vector<std::string>(down_nodes_)) start_node(node);
+    options_.cluster->wait_healthy(std::chrono::seconds(120));
+  }
   start_backend();
   retry_until(30s, "the order API's fault switches did not turn off", [&] { backend_faults("{}"); });
   for (int r = 0; r < kReplicas; ++r) start_replica(r);
@@ -313,6 +381,8 @@ void Topology::heal() {
   retry_until(60s, "PostgreSQL did not come back", [&] {
     it::Db db(run_url_);
     db.scalar_int("SELECT 1");
+    it::Db store(store_url_);
+    store.scalar_int("SELECT 1");
   });
 }
 

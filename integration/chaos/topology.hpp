@@ -9,6 +9,14 @@
 // database, started with --enable-fault-injection), and one fault proxy process holding
 // the four links. Every process logs into the run's directory. The nemesis acts through
 // the methods below; heal() undoes everything it may have done.
+//
+// With a cluster (--failover), the replicas' store is the pg_auto_failover cluster
+// instead (cluster.hpp), reached through a libpq multi-host URI with
+// target_session_attrs=read-write over one link per replica and node (r0-pg-a, r0-pg-b,
+// r1-pg-a, r1-pg-b), and the order API keeps its database on the server of the
+// environment: what reached the backend is recorded where no failover can lose it.
+//
+//   replica r ─▶ link rR-pg-a ─▶ node a (primary)  ◀─ sync replication ─▶ node b ◀─ link rR-pg-b
 #include <cstdint>
 #include <filesystem>
 #include <map>
@@ -17,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "cluster.hpp"
 #include "link_mode.hpp"
 #include "support/harness.hpp"
 
@@ -44,6 +53,9 @@ struct TopologyOptions {
   Millis wait{300};
   Millis response_timeout{1000};
   std::string retention = "24h";
+  // --failover: the replicas' store (the run's database is created there too); null: the
+  // store is server_url's database, as the order API's.
+  const Cluster* cluster = nullptr;
 };
 
 // Counters of one replica's /metrics (sums over label sets that matter to the summary).
@@ -60,7 +72,10 @@ class Topology {
   Topology& operator=(const Topology&) = delete;
 
   std::uint16_t replica_port(int replica) const;
+  // The order API's database (orders, arrivals) and the replicas' store (records), direct;
+  // one database unless the store is a cluster.
   const std::string& database_url() const { return run_url_; }
+  const std::string& store_url() const { return store_url_; }
   const TopologyOptions& options() const { return options_; }
 
   void kill_replica(int replica);
@@ -77,6 +92,12 @@ class Topology {
   void set_links(const std::vector<std::string>& links, const LinkMode& mode);
   // pgctl restart-fast | restart-immediate (scripts/lib/pg-up).
   void restart_database(bool immediate);
+
+  // The cluster (--failover only). A node killed here stays down until start_node() or
+  // heal(); with `vanish`, the replicas' links to it blackhole meanwhile.
+  const Cluster& cluster() const;
+  void kill_node(const std::string& node, bool vanish);
+  void start_node(const std::string& node);
 
   // Everything back to normal: processes resumed and running, links passing, the order
   // API's switches off. Throws if something cannot be brought back.
@@ -101,6 +122,8 @@ class Topology {
 
   TopologyOptions options_;
   std::string run_url_;
+  std::string store_url_;
+  std::vector<std::string> down_nodes_;  // killed by kill_node(), not started since
   PgUrl server_;
   std::unique_ptr<it::Process> proxy_;
   std::uint16_t control_port_ = 0;

@@ -63,6 +63,8 @@ options:
 api:
   --operation-retention D   how long an operation id stays one operation (default 24h);
                             set it to the sidecar route's retention
+  --slow-order-time D       how long an order with a SLOW-… item takes (default 3s):
+                            the demo's long operation (routes with async)
   --record-arrivals         record every sidecar arrival (operation, attempt, fencing
                             token) in demo_orders.arrivals (needs --enable-fault-injection)
 relay:
@@ -148,6 +150,8 @@ Options parse_args(int argc, char** argv) {
           {"--log-level", [&](auto, auto v) { o.log_level = std::string(v); }},
           {"--operation-retention",
            [&](auto n, auto v) { o.api.operation_retention = duration_arg(n, v); }},
+          {"--slow-order-time",
+           [&](auto n, auto v) { o.api.slow_order_time = duration_arg(n, v); }},
           {"--payments-url", [&](auto n, auto v) { o.relay.payments = url_arg(n, v); }},
           {"--inventory-url", [&](auto n, auto v) { o.relay.inventory = url_arg(n, v); }},
           {"--batch", [&](auto n, auto v) { o.relay.batch = count_arg(n, v, 1000); }},

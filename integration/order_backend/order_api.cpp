@@ -1,5 +1,6 @@
 #include "order_api.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <optional>
@@ -197,6 +198,13 @@ constexpr std::string_view kFencedSqlstate = "IP001";
 
 constexpr const char* kOrderByCheckoutSql =
     "SELECT order_id::text FROM demo_orders.orders WHERE tenant_id = $1 AND checkout_id = $2";
+
+// A read of an order shows where it is now: "confirmed" once its outbox event was
+// delivered (charged and reserved), else "created" as in the create's answer. This is the
+// representation a re-fetched replay (replay.mode: refetch) brings back.
+constexpr std::string_view kOrderDeliveredColumn =
+    ", EXISTS (SELECT 1 FROM demo_orders.outbox e WHERE e.order_id = o.order_id AND "
+    "e.delivered_at IS NOT NULL)";
 
 constexpr std::string_view kOrderByIdWhere =
     " FROM demo_orders.orders o WHERE o.order_id = $1::uuid AND o.tenant_id = $2";
@@ -549,7 +557,7 @@ std::vector<pg::PreparedStatement> OrderApi::statements() {
       {kCreateOrder, create + select_order + " FROM new_order o"},
       {kCreateOrderThenFail, create + std::string(kFailAfterInsert)},
       {kOrderByCheckout, kOrderByCheckoutSql},
-      {kOrderById, select_order + std::string(kOrderByIdWhere)},
+      {kOrderById, select_order + std::string(kOrderDeliveredColumn) + std::string(kOrderByIdWhere)},
   };
 }
 
@@ -566,6 +574,15 @@ asio::awaitable<Response> OrderApi::handle(Request& req) {
       res = problem(req, http::status::method_not_allowed, "method_not_allowed",
                     "Method not allowed", "use POST to create an order");
       res.set(http::field::allow, "POST");
+    }
+  } else if (path.starts_with("/orders/by-operation/") && path.size() > 21 &&
+             path.find('/', 21) == std::string_view::npos) {
+    if (req.method() == http::verb::get) {
+      res = co_await by_operation(req, path.substr(21));
+    } else {
+      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
+                    "Method not allowed", "operations are looked up with GET");
+      res.set(http::field::allow, "GET");
     }
   } else if (path.starts_with("/orders/") && path.size() > 8 &&
              path.find('/', 8) == std::string_view::npos) {
@@ -647,6 +664,10 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
   if (fail && !faults.fail_after_commit) co_return injected("before");
 
   if (a.demo_delay > Millis::zero()) co_await sleep_for(a.demo_delay);
+  // The long operation of the reference backend: an order of a SLOW-… item.
+  const bool slow = std::any_of(order.items.begin(), order.items.end(),
+                                [](const auto& item) { return item.sku.starts_with("SLOW-"); });
+  if (slow) co_await sleep_for(options_.slow_order_time);
   Response res = co_await create_or_find(req, a, order);
   if (res.result() == http::status::created) {
     // The order is committed (made now or found); what follows strikes its answer only.
@@ -862,9 +883,60 @@ asio::awaitable<Response> OrderApi::get(Request& req, std::string_view id) {
   auto r = co_await pool_->execute(kOrderById, std::move(params));
   if (!r) co_return unavailable(req, *pool_, r.error());
   if (r->rows() == 0) co_return not_found();
-  auto row = decode_order(*r, 0);
-  if (!row) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+  auto row = decode_order(*r, 0, 1);
+  const auto delivered = r->boolean(0, 14);
+  if (!row || !delivered) co_return unavailable(req, *pool_, make_error_code(pg::errc::protocol));
+  // An authenticating layer in front may name the customer a request acts for: then only
+  // that customer's orders are readable (what a re-fetched replay is re-authorized by).
+  repeated = false;
+  if (const auto customer = single_header(req, "X-Customer-Id", &repeated);
+      repeated || (customer && *customer != row->customer_id)) {
+    co_return problem(req, http::status::forbidden, "order_forbidden", "Order forbidden",
+                      "this order belongs to another customer");
+  }
+  if (*delivered) {
+    // The body names its status once, as this exact member (strings in it are escaped).
+    constexpr std::string_view created = R"("status":"created")";
+    if (const auto at = row->body.find(created); at != std::string::npos) {
+      row->body.replace(at, created.size(), R"("status":"confirmed")");
+    }
+  }
   co_return order_response(req, http::status::ok, *row);
+}
+
+// GET /orders/by-operation/{operation_id}: the reconciliation lookup (the sidecar's
+// on_unknown_outcome: reconcile). Found, it answers exactly what the create answered (201,
+// Location, the order's bytes), which the sidecar records as the operation's answer; the
+// asking attempt becomes the order's attempt, so an older attempt still in flight finds a
+// newer one ahead of it. Not found (or another tenant's): 404, nothing written.
+asio::awaitable<Response> OrderApi::by_operation(Request& req, std::string_view operation_id) {
+  auto arrival = read_arrival(req, options_);
+  if (auto* refused = std::get_if<Response>(&arrival)) co_return std::move(*refused);
+  Arrival a = std::get<Arrival>(std::move(arrival));
+  const auto not_found = [&] {
+    return problem(req, http::status::not_found, "operation_not_found", "Operation not found",
+                   "no order of this tenant was made by this operation");
+  };
+  if (operation_id.size() != 64 || !text::is_lower_hex(operation_id)) co_return not_found();
+  // The sidecar names the operation in its headers too; a lookup may only ask for its own.
+  if (a.operation_id && *a.operation_id != operation_id) co_return not_found();
+  a.operation_id = std::string(operation_id);
+  auto existing = co_await find_operation(*pool_, a);
+  if (!existing) co_return unavailable(req, *pool_, existing.error());
+  if (!*existing) co_return not_found();
+  const OrderRow& row = **existing;
+  if (a.attempt > row.attempt) {
+    const std::string attempt = std::to_string(a.attempt);
+    const std::string retention = std::to_string(options_.operation_retention.count());
+    std::vector<pg::Param> params{pg::Param::text(a.tenant), pg::Param::text(*a.operation_id),
+                                  pg::Param::text(attempt), pg::Param::text(retention),
+                                  optional_param(a.record_expires)};
+    auto updated = co_await pool_->execute(kRecordAttempt, std::move(params));
+    if (!updated) co_return unavailable(req, *pool_, updated.error());
+  }
+  spdlog::info("order-api: reconciliation of operation {} (attempt {}) found order {}",
+               short_id(a.operation_id), a.attempt, row.order_id);
+  co_return created(req, row);
 }
 
 }  // namespace idem::demo

@@ -56,6 +56,9 @@ struct OrderApiOptions {
   bool record_arrivals = false;
   // Upper bound of X-Demo-Delay-Ms, the demo's "slow backend" switch.
   Millis max_demo_delay{30'000};
+  // How long an order with an item whose SKU starts with "SLOW-" takes before it is
+  // written: the reference backend's long operation (the sidecar's `async` routes).
+  Millis slow_order_time{3000};
 };
 
 // Exit status of the process when a test asks it to crash after commit.
@@ -97,6 +100,7 @@ class OrderApi {
   asio::awaitable<Response> create_or_find(Request& req, const Arrival& a,
                                            const OrderRequest& order);
   asio::awaitable<Response> get(Request& req, std::string_view id);
+  asio::awaitable<Response> by_operation(Request& req, std::string_view operation_id);
   Response faults(Request& req);
 
   std::shared_ptr<pg::Pool> pool_;

@@ -89,7 +89,7 @@ RouteOptions order_route(const StackOptions& options) {
   r.lease = options.lease;
   r.wait = options.wait;
   if (!options.store_statuses.empty()) r.store_statuses = options.store_statuses;
-  r.extra_yaml = "completion: " + options.completion + "\n";
+  r.extra_yaml = "completion: " + options.completion + "\n" + options.route_yaml;
   return r;
 }
 
@@ -100,6 +100,10 @@ OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
       "--operation-retention",
       options_.api_retention.empty() ? options_.retention : options_.api_retention};
   if (options_.record_arrivals) api_args.push_back("--record-arrivals");
+  if (!options_.slow_order_time.empty()) {
+    api_args.push_back("--slow-order-time");
+    api_args.push_back(options_.slow_order_time);
+  }
   api_ = std::make_unique<BackendProcess>("api", std::move(api_args));
   // Fast polling and retries: a test waits for the relay in milliseconds, not seconds.
   std::vector<std::string> relay_args{"--payments-url",    payments_->url(),

@@ -67,6 +67,10 @@ struct StackOptions {
   std::string completion = "sidecar";
   // The route's store.statuses, when not the default.
   std::vector<std::string> store_statuses;
+  // More of the route's YAML (async, replay, on_unknown_outcome, …), indented by 4 spaces.
+  std::string route_yaml;
+  // The API's --slow-order-time: how long an order of a SLOW-… item takes.
+  std::string slow_order_time;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.

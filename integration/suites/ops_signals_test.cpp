@@ -78,6 +78,52 @@ TEST_CASE("ops: SIGTERM during a slow request answers and records it, refuses ne
   CHECK(calls_for(backend, tenant).size() == 1);
 }
 
+TEST_CASE("ops: SIGTERM after a 202 waits for the operation behind it and records it") {
+  TestBackend backend;
+  Db db(database_url());
+  auto o = options_for(backend);
+  o.log_level = "info";
+  o.drain_timeout = "20s";
+  RouteOptions r;
+  r.extra_yaml = "async:\n  after: 100ms\n  status_path: /operations/{operation_id}\n";
+  o.routes = {r};
+  Sidecar sidecar(o);
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto hold = unique("hold");
+
+  {
+    // Closed at the end of the block: no connection of ours to the sidecar is left open.
+    HttpClient client(sidecar.port());
+    const auto accepted =
+        client.post("/orders", kOrder, order_headers(tenant, key, {{"X-Test-Hold", hold}}), 30s);
+    REQUIRE(accepted.status == 202);
+  }
+  backend.wait_for_call([&](const BackendCall& c) { return held_call_arrived(c, hold); },
+                        "the slow request to reach the backend");
+
+  sidecar.signal(SIGTERM);
+  wait_until([&] { return !port_open(sidecar.port()); }, 10s,
+             "the request listener to close after SIGTERM");
+  // No client connection is open, and still the drain waits: the operation is running.
+  CHECK(sidecar.running());
+  auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "in_progress");
+
+  backend.release(hold);
+  const auto status = sidecar.process().wait_exit(15s);
+  REQUIRE(status);
+  CHECK(status->success());
+  row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->status == 201);
+  CHECK(sidecar.log().find("long operation finished after 202") != std::string::npos);
+  CHECK(sidecar.log().find("drained: every in-flight request has been answered") != std::string::npos);
+  CHECK(calls_for(backend, tenant).size() == 1);
+}
+
 TEST_CASE("ops: a request cut off by the drain limit leaves its row for a retry to take over") {
   TestBackend backend;
   Db db(database_url());

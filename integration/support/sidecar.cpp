@@ -150,6 +150,7 @@ std::string sidecar_config(const SidecarOptions& o) {
   put(out, "  ", "connect_timeout", o.upstream_connect_timeout, true);
   put(out, "  ", "response_timeout", o.upstream_response_timeout, true);
   put(out, "  ", "max_response_body", o.upstream_max_response_body, true);
+  out << indent(o.upstream_extra_yaml, "  ");
 
   out << "database:\n";
   out << "  url: " << quote(o.database_url.empty() ? database_url() : o.database_url) << "\n";
@@ -161,6 +162,7 @@ std::string sidecar_config(const SidecarOptions& o) {
   out << "tenant:\n";
   out << "  header: " << quote(o.tenant_header) << "\n";
   out << "  principal_header: " << quote(o.principal_header) << "\n";
+  out << indent(o.tenant_extra_yaml, "  ");
 
   std::ostringstream limits;
   put(limits, "  ", "max_header_bytes", o.max_header_bytes, true);
@@ -221,6 +223,17 @@ Sidecar::Sidecar(std::string yaml, std::uint16_t port, SidecarLaunch launch)
 Sidecar::~Sidecar() = default;
 
 std::string Sidecar::url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+void Sidecar::wait_for_log(std::string_view needle, std::size_t n, Millis timeout) {
+  wait_until(
+      [&] {
+        const auto text = log();
+        std::size_t count = 0;
+        for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++count;
+        return count >= n;
+      },
+      timeout, "the sidecar's log to show '" + std::string(needle) + "' " + std::to_string(n) + " time(s)");
+}
 
 void Sidecar::start() {
   if (launch_.binary.empty()) {

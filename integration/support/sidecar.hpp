@@ -60,6 +60,8 @@ struct SidecarOptions {
   std::string upstream_connect_timeout = "1s";
   std::string upstream_response_timeout = "5s";
   std::string upstream_max_response_body;
+  // Appended inside `upstream:` (lines indented by 2), e.g. "tls:\n  ca_file: ...".
+  std::string upstream_extra_yaml;
 
   std::string database_url;  // empty: database_url() from the environment
   std::optional<int> database_pool_size = 4;
@@ -69,6 +71,8 @@ struct SidecarOptions {
 
   std::string tenant_header = "X-Tenant-Id";
   std::string principal_header;
+  // Appended inside `tenant:` (lines indented by 2), e.g. "from: jwt\njwt: ...".
+  std::string tenant_extra_yaml;
 
   std::string max_header_bytes;
   std::string max_request_body;
@@ -115,6 +119,9 @@ class Sidecar {
 
   std::uint16_t port() const { return port_; }
   std::string url() const;  // http://127.0.0.1:<port>
+  // Waits until the log shows `n` completed reloads ("configuration reloaded") or `n`
+  // refused ones ("reload refused"), whichever the test names.
+  void wait_for_log(std::string_view needle, std::size_t n = 1, Millis timeout = kDefaultTimeout);
   const std::filesystem::path& config_path() const { return config_path_; }
   const std::string& config() const { return yaml_; }
 

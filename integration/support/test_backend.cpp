@@ -65,11 +65,20 @@ TestBackend::TestBackend(Options options) : options_(std::move(options)) {
 TestBackend::~TestBackend() = default;
 
 void TestBackend::start() {
+  std::vector<std::string> args = {"--port", std::to_string(port_)};
+  if (!options_.tls_cert_file.empty()) {
+    args.insert(args.end(), {"--tls-cert", options_.tls_cert_file, "--tls-key", options_.tls_key_file});
+  }
   process_ = std::make_unique<Process>(ProcessOptions{
       .executable = options_.binary,
-      .args = {"--port", std::to_string(port_)},
+      .args = std::move(args),
       .name = "test_backend",
   });
+  if (!options_.tls_cert_file.empty()) {
+    // Printed before LISTENING. A restart picks a new TLS port (tls_url() follows).
+    const std::string tls_line = process_->wait_for_output("LISTENING_TLS ", options_.start_timeout);
+    tls_port_ = static_cast<std::uint16_t>(std::stoul(tls_line.substr(tls_line.find(' ') + 1)));
+  }
   // The backend prints its port only once it listens, so this line is also the readiness
   // signal: no polling of the port, and no race with a port the kernel picked.
   const std::string line = process_->wait_for_output("LISTENING ", options_.start_timeout);
@@ -82,6 +91,10 @@ void TestBackend::start() {
 }
 
 std::string TestBackend::url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+std::string TestBackend::tls_url(std::string_view host) const {
+  return "https://" + std::string(host) + ":" + std::to_string(tls_port_);
+}
 
 HttpResponse TestBackend::control(std::string_view method, std::string_view target) {
   HttpResponse res = client_->request(method, target, {}, {}, 5s);

@@ -41,6 +41,9 @@ class TestBackend {
     std::uint16_t port = 0;  // 0: the kernel picks one
     std::string binary;      // empty: test_backend_binary() (env.hpp)
     Millis start_timeout = kDefaultTimeout;
+    // Also serve over TLS with this certificate and key (PEM files): tls_url().
+    std::string tls_cert_file;
+    std::string tls_key_file;
   };
 
   TestBackend();
@@ -49,6 +52,9 @@ class TestBackend {
 
   std::uint16_t port() const { return port_; }
   std::string url() const;  // http://127.0.0.1:<port>
+  std::uint16_t tls_port() const { return tls_port_; }
+  // https://<host>:<tls port> (with Options::tls_cert_file); host as the test names it.
+  std::string tls_url(std::string_view host = "localhost") const;
 
   std::vector<BackendCall> calls();
   // Waits until at least `n` calls were recorded and returns them all.
@@ -75,6 +81,7 @@ class TestBackend {
 
   Options options_;
   std::uint16_t port_ = 0;
+  std::uint16_t tls_port_ = 0;
   std::unique_ptr<Process> process_;
   std::unique_ptr<HttpClient> client_;
 };

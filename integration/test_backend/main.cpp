@@ -2,10 +2,12 @@
 // tests. It records every business request and answers as the request's headers ask, so a
 // test controls timing and outcome from the client side, through the sidecar.
 //
-//   idem_test_backend --port N [--host 127.0.0.1]
+//   idem_test_backend --port N [--host 127.0.0.1] [--tls-cert FILE --tls-key FILE]
 //
 // Prints "LISTENING <port>" on stdout (flushed) once it accepts connections; --port 0 lets
-// the kernel pick. Request headers understood on business paths (anything not under /__):
+// the kernel pick. With --tls-cert and --tls-key it also serves the same API over TLS on a
+// port the kernel picks, printed first as "LISTENING_TLS <port>" (control endpoints work
+// on both; the harness uses the plain port for them). Request headers understood on business paths (anything not under /__):
 //   X-Test-Status: N                 answer N (default 201 for POST, 200 otherwise)
 //   X-Test-Hold: NAME                answer only after POST /__release/NAME (sticky)
 //   X-Test-Delay-Ms: N               wait N ms before answering (after any hold)
@@ -30,6 +32,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/ssl/context.hpp>
 
 #include "server.hpp"
 
@@ -40,7 +43,7 @@ using asio::ip::tcp;
 
 [[noreturn]] void usage(std::string_view problem) {
   std::cerr << "idem_test_backend: " << problem << "\n"
-            << "usage: idem_test_backend --port N [--host 127.0.0.1]\n";
+            << "usage: idem_test_backend --port N [--host 127.0.0.1] [--tls-cert FILE --tls-key FILE]\n";
   std::exit(2);
 }
 
@@ -48,10 +51,12 @@ using asio::ip::tcp;
 
 int main(int argc, char** argv) {
   std::string host = "127.0.0.1";
+  std::string tls_cert;
+  std::string tls_key;
   int port = -1;
   for (int i = 1; i < argc; ++i) {
     std::string_view arg = argv[i];
-    if ((arg == "--port" || arg == "--host") && i + 1 >= argc) {
+    if ((arg == "--port" || arg == "--host" || arg == "--tls-cert" || arg == "--tls-key") && i + 1 >= argc) {
       usage(std::string(arg) + " needs a value");
     }
     if (arg == "--port") {
@@ -62,6 +67,10 @@ int main(int argc, char** argv) {
       }
     } else if (arg == "--host") {
       host = argv[++i];
+    } else if (arg == "--tls-cert") {
+      tls_cert = argv[++i];
+    } else if (arg == "--tls-key") {
+      tls_key = argv[++i];
     } else if (arg == "--help" || arg == "-h") {
       usage("help requested");
     } else {
@@ -95,6 +104,16 @@ int main(int argc, char** argv) {
         std::exit(1);
       }
     });
+
+    if (!tls_cert.empty()) {
+      auto ctx = std::make_shared<asio::ssl::context>(asio::ssl::context::tls_server);
+      ctx->use_certificate_chain_file(tls_cert);
+      ctx->use_private_key_file(tls_key, asio::ssl::context::pem);
+      tcp::acceptor tls_acceptor(ioc, tcp::endpoint(asio::ip::make_address(host), 0));
+      const auto tls_port = tls_acceptor.local_endpoint().port();
+      asio::co_spawn(ioc, server.run_tls(std::move(tls_acceptor), std::move(ctx)), asio::detached);
+      std::cout << "LISTENING_TLS " << tls_port << std::endl;
+    }
 
     asio::signal_set signals(ioc, SIGINT, SIGTERM);
     signals.async_wait([&ioc](const boost::system::error_code&, int) { ioc.stop(); });

@@ -26,6 +26,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 #include <boost/beast/http/write.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/serialize.hpp>
 
@@ -225,8 +226,43 @@ asio::awaitable<void> Server::run() {
   }
 }
 
+asio::awaitable<void> Server::run_tls(tcp::acceptor acceptor, std::shared_ptr<asio::ssl::context> ctx) {
+  for (;;) {
+    auto [ec, socket] = co_await acceptor.async_accept(tuple_awaitable);
+    if (ec == asio::error::operation_aborted) co_return;
+    if (ec) {
+      asio::steady_timer pause(acceptor.get_executor(), 50ms);
+      co_await pause.async_wait(tuple_awaitable);
+      continue;
+    }
+    asio::co_spawn(acceptor.get_executor(), tls_session(std::move(socket), ctx), [](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        std::cerr << "idem_test_backend: TLS session: " << ex.what() << std::endl;
+      }
+    });
+  }
+}
+
+asio::awaitable<void> Server::tls_session(tcp::socket socket, std::shared_ptr<asio::ssl::context> ctx) {
+  beast::ssl_stream<beast::tcp_stream> stream(std::move(socket), *ctx);
+  beast::get_lowest_layer(stream).expires_after(kWriteTimeout);
+  auto [ec] = co_await stream.async_handshake(asio::ssl::stream_base::server, tuple_awaitable);
+  if (ec) co_return;  // the client refused our certificate (or was not TLS)
+  co_await serve(stream);
+}
+
 asio::awaitable<void> Server::session(tcp::socket socket) {
   beast::tcp_stream stream(std::move(socket));
+  co_await serve(stream);
+}
+
+// One connection's requests, plain or TLS (Stream: tcp_stream or ssl_stream over one).
+template <class Stream>
+asio::awaitable<void> Server::serve(Stream& stream) {
+  auto& tcp_layer = beast::get_lowest_layer(stream);
   beast::flat_buffer buffer;
   // X-Test-Stray-Hex: bytes owed from the previous answer on this connection, written just
   // before the next answer (a body the backend sent late, after a bodiless status).
@@ -237,7 +273,7 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
     parser.body_limit(kBodyLimit);
     // Idle keep-alive connections wait as long as the client likes: the sidecar's pool
     // decides when to drop them, which is part of what the tests observe.
-    stream.expires_never();
+    tcp_layer.expires_never();
     auto [header_ec, header_n] =
         co_await http::async_read_header(stream, buffer, parser, tuple_awaitable);
     (void)header_n;
@@ -266,7 +302,7 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
     const std::string_view target = req.target();
     if (target.starts_with("/__")) {
       Response res = control(req);
-      stream.expires_after(kWriteTimeout);
+      tcp_layer.expires_after(kWriteTimeout);
       auto [ec, n] = co_await http::async_write(stream, res, tuple_awaitable);
       (void)n;
       if (ec || !res.keep_alive()) {
@@ -292,20 +328,20 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
       // A reset rather than an orderly close: the client sees the request vanish with no
       // answer, the "outcome unknown" case the sidecar must treat as such.
       boost::system::error_code ignored;
-      stream.socket().set_option(asio::socket_base::linger(true, 0), ignored);
-      stream.socket().close(ignored);
+      tcp_layer.socket().set_option(asio::socket_base::linger(true, 0), ignored);
+      tcp_layer.socket().close(ignored);
       recorder_.mark_completed(*call);
       co_return;
     }
 
     Response res = business_response(req, *call);
     call->status = static_cast<int>(res.result_int());
-    if (peer_gone(stream.socket())) {
+    if (peer_gone(tcp_layer.socket())) {
       call->client_gone = true;
       recorder_.mark_completed(*call);
       break;
     }
-    stream.expires_after(kWriteTimeout);
+    tcp_layer.expires_after(kWriteTimeout);
     if (!stray.empty()) {
       auto [ec, n] = co_await asio::async_write(stream, asio::buffer(stray), tuple_awaitable);
       (void)n;
@@ -347,8 +383,8 @@ asio::awaitable<void> Server::session(tcp::socket socket) {
     }
   }
   boost::system::error_code ignored;
-  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
-  stream.socket().close(ignored);
+  tcp_layer.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  tcp_layer.socket().close(ignored);
 }
 
 Server::Response Server::control(const Request& req) {

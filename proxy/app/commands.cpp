@@ -44,18 +44,35 @@ bool prepare_database(const settings::Settings& cfg, const std::string& path) {
   return false;
 }
 
-// SIGHUP: an invalid file keeps the running configuration and says why.
+// What an operator must see at start and after every reload: checks that are off, and the
+// key material in use.
+void log_security(const gateway::Runtime& runtime) {
+  const auto& cfg = runtime.settings();
+  if (cfg.upstream.https && !cfg.upstream.tls.verify) {
+    spdlog::warn("upstream.tls.verify is false: the backend's certificate and name are not checked, "
+                 "so anyone on the path to {} can read and answer requests", cfg.upstream.host);
+  }
+  if (const auto* identity = runtime.identity(); identity && identity->keys()) {
+    spdlog::info("tenant from verified bearer tokens: {} keys from {} ({} skipped)", identity->keys()->size(),
+                 cfg.tenant.jwt.jwks_file, identity->keys()->skipped());
+  }
+}
+
+// SIGHUP: an invalid file keeps the running configuration and says why. Everything is
+// read and built first (the configuration, the JWKS, the TLS files), then applied at once.
 void reload(Sidecar& sidecar, const std::string& path) {
   try {
     const auto loaded = load_runtime(path);
     auto plan = plan_reload(loaded->settings(), sidecar.runtime()->settings(),
                             sidecar.change_feed_running());
+    auto next = gateway::Runtime::build(std::move(plan.effective));
+    auto tls = load_tls(next->settings());
     for (const auto& key : plan.restart_only) {
       spdlog::warn("reload: {} changed; it applies only after a restart", key);
     }
-    auto next = gateway::Runtime::build(std::move(plan.effective));
     obs::setup_logging(next->settings().log);
-    sidecar.apply(std::move(next));
+    log_security(*next);
+    sidecar.apply(std::move(next), std::move(tls));
     spdlog::info("configuration reloaded from {}", path);
   } catch (const settings::ConfigError& e) {
     spdlog::error("reload refused, keeping the running configuration: {}", e.full_message());
@@ -70,13 +87,17 @@ void reload(Sidecar& sidecar, const std::string& path) {
 // most `lease` later), with a higher attempt and the same operation id, as after a crash.
 void drain(Sidecar& sidecar, asio::io_context& signals_ioc, const bool& cut_short) {
   const auto deadline = SteadyClock::now() + sidecar.runtime()->settings().limits.drain_timeout;
-  while (sidecar.open_connections() > 0 && !cut_short && SteadyClock::now() < deadline) {
+  // Owners count too: an operation that answered 202 has no connection left, but its
+  // record is still to be written.
+  const auto busy = [&] { return sidecar.open_connections() > 0 || sidecar.owners_in_flight() > 0; };
+  while (busy() && !cut_short && SteadyClock::now() < deadline) {
     const auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
     signals_ioc.run_for(std::clamp(left, Millis{1}, Millis{20}));
   }
-  if (const auto open = sidecar.open_connections(); open > 0) {
-    spdlog::warn("drain ended with {} connections still open; their records stay in progress "
-                 "and a retry takes over once the lease lapses", open);
+  if (busy()) {
+    spdlog::warn("drain ended with {} connections still open and {} operations running; their "
+                 "records stay in progress and a retry takes over once the lease lapses",
+                 sidecar.open_connections(), sidecar.owners_in_flight());
   } else {
     spdlog::info("drained: every in-flight request has been answered");
   }
@@ -86,7 +107,9 @@ void drain(Sidecar& sidecar, asio::io_context& signals_ioc, const bool& cut_shor
 
 int serve(const std::string& path, const std::string& version) {
   const auto runtime = load_runtime(path);
+  auto tls = load_tls(runtime->settings());
   obs::setup_logging(runtime->settings().log);
+  log_security(*runtime);
   if (!prepare_database(runtime->settings(), path)) return kExitFailure;
 
   // Installed before any worker starts, so an early SIGTERM drains instead of killing.
@@ -95,7 +118,7 @@ int serve(const std::string& path, const std::string& version) {
 
   std::unique_ptr<Sidecar> sidecar;
   try {
-    sidecar = std::make_unique<Sidecar>(runtime);
+    sidecar = std::make_unique<Sidecar>(runtime, std::move(tls));
     sidecar->start();
   } catch (const std::exception& e) {
     spdlog::critical("cannot start: {}", e.what());
@@ -152,6 +175,7 @@ int migrate(const std::string& path) {
 
 int check_config(const std::string& path) {
   const auto rt = load_runtime(path);
+  load_tls(rt->settings());  // the files must be usable too
   std::cout << settings::render_effective(rt->settings());
   return kExitOk;
 }

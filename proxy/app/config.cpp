@@ -23,6 +23,7 @@ bool same_endpoint(const std::optional<settings::Endpoint>& a,
   return a.has_value() == b.has_value() && (!a || same_endpoint(*a, *b));
 }
 
+// upstream.tls is not compared: its files reload (plan_reload takes it from the next file).
 bool same_upstream(const settings::UpstreamSettings& a, const settings::UpstreamSettings& b) {
   return a.url == b.url && a.connect_timeout == b.connect_timeout &&
          a.response_timeout == b.response_timeout && a.max_response_body == b.max_response_body;
@@ -33,7 +34,50 @@ bool same_database(const settings::DatabaseSettings& a, const settings::Database
          a.statement_timeout == b.statement_timeout;
 }
 
+// The listener's TLS: its files reload, but turning it on or off would change what every
+// client must speak on a port it is already using. tenant.from changes who a request is
+// from: it stays as started, with its own section, so a reload never drops verification.
+void keep_identity(ReloadPlan& plan, const settings::Settings& next, const settings::Settings& running) {
+  auto& e = *plan.effective;
+  if (next.tls.has_value() != running.tls.has_value()) {
+    plan.restart_only.emplace_back("tls");
+    e.tls = running.tls;
+  }
+  if (next.tenant.from != running.tenant.from) {
+    plan.restart_only.emplace_back("tenant.from");
+    e.tenant.from = running.tenant.from;
+    e.tenant.jwt = running.tenant.jwt;
+    e.tenant.mtls = running.tenant.mtls;
+  }
+  // Identity from client certificates needs the listener to ask for them.
+  if (e.tenant.from == settings::TenantSource::mtls && (!e.tls || e.tls->client_ca_file.empty())) {
+    plan.restart_only.emplace_back("tls.client_ca_file");
+    e.tls = running.tls;
+  }
+}
+
 }  // namespace
+
+TlsMaterial load_tls(const settings::Settings& s) {
+  TlsMaterial m;
+  if (s.tls) {
+    try {
+      m.listener = server::make_server_context(*s.tls);
+    } catch (const server::TlsError& e) {
+      throw settings::ConfigError(s.source_file, 0, "tls", e.what());
+    }
+  }
+  if (s.upstream.https) {
+    const auto& t = s.upstream.tls;
+    try {
+      m.upstream = upstream::make_client_tls(t.ca_file, t.server_name.empty() ? s.upstream.host : t.server_name,
+                                             t.verify);
+    } catch (const upstream::ClientTlsError& e) {
+      throw settings::ConfigError(s.source_file, 0, "upstream.tls", e.what());
+    }
+  }
+  return m;
+}
 
 ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings& running,
                        bool change_listener_running) {
@@ -51,6 +95,9 @@ ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings&
   // The admin listener is bound once too; its token, read per request, does reload.
   keep("admin.listen", e.admin.listen, running.admin.listen,
        same_endpoint(next.admin.listen, running.admin.listen));
+  // An https upstream whose url stays: its TLS settings and files reload.
+  if (e.upstream.https && next.upstream.https) e.upstream.tls = next.upstream.tls;
+  keep_identity(plan, next, running);
   // The cache can only serve with the change listener, which starts with the process.
   if (!change_listener_running) {
     keep("replay_cache.enabled", e.replay_cache.enabled, running.replay_cache.enabled,

@@ -5,7 +5,9 @@
 #include <vector>
 
 #include "gateway/router.hpp"
+#include "server/tls.hpp"
 #include "settings/settings.hpp"
+#include "upstream/tls.hpp"
 
 namespace idem::app {
 
@@ -13,11 +15,22 @@ namespace idem::app {
 // fingerprint pointers and defaults). Throws settings::ConfigError.
 std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path);
 
+// The TLS contexts a configuration names, built from its files now (server/tls.hpp,
+// upstream/tls.hpp). Null where TLS is not configured.
+struct TlsMaterial {
+  std::shared_ptr<server::TlsContext> listener;
+  std::shared_ptr<const upstream::ClientTls> upstream;
+};
+// Throws settings::ConfigError naming tls or upstream.tls when a file cannot be used.
+TlsMaterial load_tls(const settings::Settings& s);
+
 // The reload policy. Listener, upstream, database, workers and the admin listener are
 // bound at start-up, and the replay cache needs the change listener that starts with the
 // process: a reload keeps the running values for them rather than half-apply a change.
-// Everything else (routes, limits, logging, cleanup, the admin token, cache sizes) is taken
-// from `next`.
+// So does the identity mode (tenant.from) and whether the listener speaks TLS at all.
+// Everything else (routes, limits, logging, cleanup, the admin token, cache sizes, the TLS
+// files of the listener and of an https upstream, the JWT settings and the JWKS file) is
+// taken from `next`; the files themselves are read again by the reload.
 struct ReloadPlan {
   std::shared_ptr<settings::Settings> effective;  // what to run from now on
   std::vector<std::string> restart_only;          // changed keys kept until a restart

@@ -90,11 +90,31 @@ int worker_count(const settings::Settings& cfg) {
                     cfg.database.pool_size);
 }
 
+// Every outcome series of every configured route exists from the start, at 0.
+void declare_routes(obs::Metrics& m, const settings::Settings& cfg) {
+  std::vector<std::string> names;
+  names.reserve(cfg.routes.size());
+  for (const auto& r : cfg.routes) names.push_back(r.name);
+  m.declare_routes(names);
+}
+
 }  // namespace
+
+// The TLS contexts new connections take, swapped whole by a reload (lock-free reads, one
+// per accepted client connection or new upstream connection).
+struct TlsHolder {
+  std::atomic<std::shared_ptr<server::TlsContext>> listener;
+  std::atomic<std::shared_ptr<const upstream::ClientTls>> upstream;
+  void store(TlsMaterial m) {
+    listener.store(std::move(m.listener));
+    upstream.store(std::move(m.upstream));
+  }
+};
 
 struct Sidecar::Parts {
   // Shared by every worker.
   std::shared_ptr<gateway::RuntimeHolder> holder;
+  std::shared_ptr<TlsHolder> tls = std::make_shared<TlsHolder>();
   std::shared_ptr<obs::Metrics> metrics = std::make_shared<obs::Metrics>();
   std::shared_ptr<gateway::WaiterRegistry> waiters = std::make_shared<gateway::WaiterRegistry>();
   std::shared_ptr<server::ConnectionGauge> gauge = std::make_shared<server::ConnectionGauge>();
@@ -141,6 +161,7 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   uo.connect_timeout = cfg.upstream.connect_timeout;
   uo.response_timeout = cfg.upstream.response_timeout;
   uo.max_response_body = cfg.upstream.max_response_body;
+  if (cfg.upstream.https) uo.tls = [t = tls] { return t->upstream.load(); };
   w->upstream = std::make_unique<upstream::Pool>(w->ioc.get_executor(), std::move(uo));
 
   gateway::Dependencies deps;
@@ -169,6 +190,7 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   };
   server::ListenerOptions lo;
   lo.endpoint = cfg.listen;
+  if (cfg.tls) lo.tls = [t = tls] { return t->listener.load(); };
   w->server = std::make_unique<server::Server>(w->ioc, lo, limits, handler, gauge, on_reject);
   return w;
 }
@@ -205,12 +227,15 @@ void Sidecar::Parts::build_admin() {
                                                   std::make_shared<server::ConnectionGauge>());
 }
 
-Sidecar::Sidecar(std::shared_ptr<const gateway::Runtime> runtime) : parts_(std::make_unique<Parts>()) {
+Sidecar::Sidecar(std::shared_ptr<const gateway::Runtime> runtime, TlsMaterial tls)
+    : parts_(std::make_unique<Parts>()) {
   auto& p = *parts_;
   const auto& cfg = runtime->settings();
+  p.tls->store(std::move(tls));
   p.holder = std::make_shared<gateway::RuntimeHolder>(std::move(runtime));
   p.replay_cache = std::make_shared<gateway::ReplayCache>(p.metrics.get());
   p.replay_cache->configure(replay_cache_options(cfg.replay_cache));
+  declare_routes(*p.metrics, cfg);
   const int count = worker_count(cfg);
   for (int i = 0; i < count; ++i) p.workers.push_back(p.build_worker(i, count));
   p.build_admin();
@@ -256,10 +281,12 @@ void Sidecar::start() {
 
 std::shared_ptr<const gateway::Runtime> Sidecar::runtime() const { return parts_->holder->load(); }
 
-void Sidecar::apply(std::shared_ptr<const gateway::Runtime> next) {
+void Sidecar::apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls) {
+  parts_->tls->store(std::move(tls));
   // Routes may have changed what a record answers (replay headers, scopes): start the
   // cache afresh with the new options.
   parts_->replay_cache->configure(replay_cache_options(next->settings().replay_cache));
+  declare_routes(*parts_->metrics, next->settings());
   parts_->holder->store(std::move(next));
 }
 
@@ -278,6 +305,12 @@ void Sidecar::begin_drain() {
 }
 
 std::size_t Sidecar::open_connections() const { return parts_->gauge->open.load(); }
+
+std::size_t Sidecar::owners_in_flight() const {
+  std::size_t n = 0;
+  for (const auto& w : parts_->workers) n += w->gateway->owners_in_flight();
+  return n;
+}
 
 void Sidecar::stop() {
   auto& p = *parts_;
@@ -306,10 +339,17 @@ std::string Sidecar::summary() const {
   const auto& p = *parts_;
   const auto& cfg = p.holder->load()->settings();
   // The database only ever appears masked: the URL may carry a password.
+  const char* from = cfg.tenant.from == settings::TenantSource::jwt    ? "jwt"
+                     : cfg.tenant.from == settings::TenantSource::mtls ? "mtls"
+                                                                       : "header";
+  const std::string listener_tls =
+      !cfg.tls ? "" : cfg.tls->client_ca_file.empty() ? ", TLS" : ", TLS with client certificates";
   return "listening on " + cfg.listen.host + ":" + std::to_string(p.workers.front()->server->port()) +
-         " (" + std::to_string(p.workers.size()) + " workers, upstream " + cfg.upstream.host + ":" +
+         " (" + std::to_string(p.workers.size()) + " workers" + listener_tls + ", upstream " +
+         (cfg.upstream.https ? "https://" : "http://") + cfg.upstream.host + ":" +
          std::to_string(cfg.upstream.port) + ", database " +
-         settings::mask_database_url(cfg.database.url) + ", admin " + p.admin_address + ")";
+         settings::mask_database_url(cfg.database.url) + ", admin " + p.admin_address +
+         ", tenant from " + from + ")";
 }
 
 }  // namespace idem::app

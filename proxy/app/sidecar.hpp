@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "app/config.hpp"
 #include "gateway/router.hpp"
 
 namespace idem::app {
@@ -15,7 +16,8 @@ class Sidecar {
  public:
   // Builds everything; nothing is bound and nothing runs yet. Throws std::exception when a
   // component cannot be created.
-  explicit Sidecar(std::shared_ptr<const gateway::Runtime> runtime);
+  // `tls`: the contexts load_tls() built from the same configuration.
+  Sidecar(std::shared_ptr<const gateway::Runtime> runtime, TlsMaterial tls);
   ~Sidecar();
   Sidecar(const Sidecar&) = delete;
   Sidecar& operator=(const Sidecar&) = delete;
@@ -25,14 +27,18 @@ class Sidecar {
   // feed, and starts the worker threads. Throws if a listener cannot bind.
   void start();
 
-  // The configuration requests see now, and a new one (already through plan_reload).
+  // The configuration requests see now, and a new one (already through plan_reload) with
+  // its TLS contexts: new connections get them, open ones keep theirs.
   std::shared_ptr<const gateway::Runtime> runtime() const;
-  void apply(std::shared_ptr<const gateway::Runtime> next);
+  void apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls);
   bool change_feed_running() const;
 
   // The drain: stop accepting and close idle connections; in-flight requests go on.
   void begin_drain();
   std::size_t open_connections() const;
+  // Owners between their claim and their last write, in every worker: with `async` routes
+  // these outlive their client's connection (a 202 was sent).
+  std::size_t owners_in_flight() const;
   // Stops the tasks, the pools and the loops, and joins the threads (after the drain).
   void stop();
 

@@ -75,6 +75,10 @@ class Verifier {
     uo.connect_timeout = cfg.upstream.connect_timeout;
     uo.response_timeout = cfg.upstream.response_timeout;
     uo.max_response_body = cfg.upstream.max_response_body;
+    if (cfg.upstream.https) {
+      // The backend is checked over the same TLS as the sidecar would use (upstream.tls).
+      uo.tls = [tls = load_tls(cfg).upstream] { return tls; };
+    }
     upstream_ = std::make_unique<upstream::Pool>(ioc.get_executor(), std::move(uo));
   }
 

@@ -60,6 +60,16 @@ class CachingStore final : public store::Store {
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override {
     return inner_.oldest_in_progress_age();
   }
+  // The status of a running operation changes under it: never from the cache, and nothing
+  // read here is kept (so no ticket is needed).
+  asio::awaitable<result<bool>> register_operation(const store::RecordId& id,
+                                                   std::string_view operation_id) override {
+    return inner_.register_operation(id, operation_id);
+  }
+  asio::awaitable<result<std::optional<store::OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) override {
+    return inner_.find_operation(tenant, operation_id);
+  }
 
  private:
   // Keeps `row` if it is a completed, unexpired record and `ticket` still holds.

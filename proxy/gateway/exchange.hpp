@@ -5,6 +5,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include <exception>
+
+#include <boost/asio/steady_timer.hpp>
 
 #include "gateway/gateway.hpp"
 #include "observability/metrics.hpp"
@@ -52,7 +57,56 @@ struct Gateway::Exchange {
   std::string key_hash;
   // The key's expiry to advertise (Idempotency-Key-Expires); 0 = none. Unix epoch µs.
   std::int64_t key_expires_at_us = 0;
+  // Routes with `async`: the job this exchange runs in (async_operations.cpp).
+  AsyncJob* async = nullptr;
+
+  // What admission established about the request (route, tenant, key, fingerprint,
+  // principal, claim), taken over by the exchange of an async job.
+  void continue_from(const Exchange& admitted);
 };
+
+// A request on a route with `async`, detached from its client's connection: it owns its
+// request, context and exchange, so that it can outlive the client's wait and the 202.
+struct Gateway::AsyncJob {
+  AsyncJob(server::Request&& req, const server::RequestContext& ctx,
+           std::shared_ptr<const Runtime> runtime, asio::any_io_executor ex);
+  // Called by the driver as the forward starts: `after` counts from here.
+  void forwarding(Millis after);
+
+  server::Request request;
+  std::string peer_address;
+  std::vector<std::string> client_uris;
+  server::RequestContext context;
+  std::optional<Exchange> x;
+  // Woken (cancelled) when the job finishes and when the forward starts; expires when
+  // `after` has passed since then.
+  asio::steady_timer signal;
+  std::optional<server::Response> answer;  // the protocol's, once finished
+  std::exception_ptr failure;
+  bool finished = false;
+  bool detached = false;  // the client was answered 202
+};
+
+double seconds_since(SteadyClock::time_point t);
+
+// Times one store call and accounts its failure; the caller decides what a failure means.
+template <class T>
+asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, obs::StoreOp op,
+                                 asio::awaitable<result<T>> call) {
+  const auto t0 = SteadyClock::now();
+  auto r = co_await std::move(call);
+  const double took = seconds_since(t0);
+  x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
+  metrics.store_duration(op, took);
+  if (!r) {
+    metrics.store_error(obs::store_error_kind(r.error()));
+    x.store_error = r.error();
+  }
+  co_return r;
+}
+
+// 503: the store did not answer (x.store_error, or `ec`).
+server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec);
 
 
 // An RFC 9457 problem in the client's HTTP version and connection mode.
@@ -73,6 +127,5 @@ std::string forwarded_for(const Gateway::Exchange& x);
 // "Retry-After" seconds for a delay, at least 1.
 std::string retry_after_seconds(Millis d);
 
-double seconds_since(SteadyClock::time_point t);
 
 }  // namespace idem::gateway

@@ -128,6 +128,19 @@ store::StoredResponse capture(const upstream::Response& res, const settings::Rou
 
 // The request as every decision below reads it and as the backend receives it, made in
 // one place before anything is decided (gateway/inbound.hpp).
+// The routes' idempotency policy: the same for every client, so caches may keep it a while.
+server::Response policy_answer(Gateway::Exchange& x) {
+  x.outcome = Outcome::passthrough;
+  x.code = "policy";
+  server::Response res{http::status::ok, x.version};
+  res.set(http::field::content_type, "application/json");
+  res.set(http::field::cache_control, "max-age=60");
+  res.body() = x.runtime->policy();
+  res.keep_alive(x.keep_alive);
+  res.prepare_payload();
+  return res;
+}
+
 std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
   const auto check = check_inbound(x.request.base(), x.method, x.path, *x.runtime, x.route);
   if (check.ok) return std::nullopt;
@@ -136,20 +149,22 @@ std::optional<server::Response> inbound_refusal(Gateway::Exchange& x) {
   return problem(x, http::status::bad_request, x.code, "Bad Request", check.problem);
 }
 
-// Times one store call and accounts its failure; the caller decides what a failure means.
-template <class T>
-asio::awaitable<result<T>> timed(obs::Metrics& metrics, Gateway::Exchange& x, StoreOp op,
-                                 asio::awaitable<result<T>> call) {
-  const auto t0 = SteadyClock::now();
-  auto r = co_await std::move(call);
-  const double took = seconds_since(t0);
-  x.store_seconds = (x.store_seconds < 0 ? 0 : x.store_seconds) + took;
-  metrics.store_duration(op, took);
-  if (!r) {
-    metrics.store_error(store_error_kind(r.error()));
-    x.store_error = r.error();
+// tenant.from: jwt | mtls (identity/identity.hpp): the verified tenant and principal
+// replace the identity headers before anything reads them; header mode does nothing here.
+std::optional<server::Response> identity_refusal(Gateway::Exchange& x) {
+  const auto* resolver = x.runtime->identity();
+  if (!resolver) return std::nullopt;
+  auto verified = resolver->resolve(x.request.base(), x.context.client_uris,
+                                    std::chrono::system_clock::now());
+  if (verified.ok) {
+    resolver->apply(verified, x.request.base());
+    return std::nullopt;
   }
-  co_return r;
+  x.outcome = Outcome::rejected;
+  x.code = verified.code;
+  auto res = problem(x, verified.status, verified.code, verified.title, verified.detail);
+  if (!verified.challenge.empty()) res.set(http::field::www_authenticate, verified.challenge);
+  return res;
 }
 
 // Renews the owner's lease every lease/3 while the upstream call runs, so a slow but
@@ -233,6 +248,14 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   x.route = x.runtime->match(x.method, x.path);
   if (auto refused = inbound_refusal(x)) {
     res = std::move(*refused);
+  } else if (!x.route && x.method == "GET" && !x.runtime->settings().policy_path.empty() &&
+             x.path == x.runtime->settings().policy_path) {
+    // Public: what the routes ask of clients, before any identity is required.
+    res = policy_answer(x);
+  } else if (auto unverified = identity_refusal(x)) {
+    res = std::move(*unverified);
+  } else if (auto status = x.route ? std::nullopt : x.runtime->match_status(x.method, x.path)) {
+    res = co_await operation_status(x, *status);
   } else if (x.route) {
     res = co_await protected_request(x);
   } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
@@ -323,10 +346,6 @@ asio::awaitable<upstream::Outcome> Gateway::forward(Exchange& x, const store::Ow
   co_return out;
 }
 
-namespace {
-
-// --- The protocol's answers, each setting its outcome and problem code ---------------------
-
 server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec) {
   const auto& rs = *x.route->settings;
   x.outcome = Outcome::store_unavailable;
@@ -342,6 +361,11 @@ server::Response store_unavailable(Gateway::Exchange& x, const error_code& ec) {
   res.set(http::field::retry_after, retry_after_seconds(rs.retry_after));
   return res;
 }
+
+namespace {
+
+// --- The protocol's answers, each setting its outcome and problem code ---------------------
+
 
 // An owner holds the upstream's answer but the record does not: the store failed, or the
 // owner was fenced and the record holds nothing it may replay. The answer stays unsent, so
@@ -399,6 +423,7 @@ std::string_view fenced_answer(Outcome o) {
     default: return "unavailable";
   }
 }
+
 
 // --- What the protocol sees of a row -------------------------------------------------------
 
@@ -480,32 +505,41 @@ std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
   return std::nullopt;
 }
 
+std::optional<server::Response> admit_principal(Gateway::Exchange& x) {
+  const auto& cfg = x.runtime->settings();
+  x.check_principal = !cfg.tenant.principal_header.empty();
+  if (!x.check_principal) return std::nullopt;
+  const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
+  // Like the tenant, the principal is one value: with two, the backend and the record
+  // could each take a different one.
+  if (values.size() > 1) {
+    x.code = "principal_invalid";
+    return problem(x, http::status::unauthorized, x.code, "Principal invalid",
+                   "the principal header must be sent once");
+  }
+  // Only a hash is stored: the record must not become a directory of user ids.
+  x.principal = idempotency::sha256_hex(
+      "idemproxy-principal\n" +
+      std::string(values.empty() ? std::string_view() : text::trim_ows(values.front())));
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::optional<server::Response> Gateway::admit_identity(Exchange& x) {
+  if (auto refused = admit_tenant(x)) return refused;
+  return admit_principal(x);
+}
 
 // Validation before anything is claimed; its failures are never stored. On success the
 // request has its record id, fingerprint and principal.
 std::optional<server::Response> Gateway::admit(Exchange& x) {
   const auto& rs = *x.route->settings;
-  const auto& cfg = x.runtime->settings();
   x.outcome = Outcome::rejected;
   if (auto refused = admit_tenant(x)) return refused;
   if (auto refused = admit_key(x)) return refused;
   if (auto refused = admit_fingerprint(x)) return refused;
-  x.check_principal = !cfg.tenant.principal_header.empty();
-  if (x.check_principal) {
-    const auto values = field_values(x.request.base(), cfg.tenant.principal_header);
-    // Like the tenant, the principal is one value: with two, the backend and the record
-    // could each take a different one.
-    if (values.size() > 1) {
-      x.code = "principal_invalid";
-      return problem(x, http::status::unauthorized, x.code, "Principal invalid",
-                     "the principal header must be sent once");
-    }
-    // Only a hash is stored: the record must not become a directory of user ids.
-    x.principal = idempotency::sha256_hex(
-        "idemproxy-principal\n" +
-        std::string(values.empty() ? std::string_view() : text::trim_ows(values.front())));
-  }
+  if (auto refused = admit_principal(x)) return refused;
   x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
                                 x.principal, rs.lease, rs.retention};
   x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
@@ -520,18 +554,37 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
     co_return co_await pass_through(x);
   }
   if (auto refused = admit(x)) co_return std::move(*refused);
+  if (rs.async) co_return co_await run_async(x);
   co_return co_await run_protocol(x);
+}
+
+void Gateway::Exchange::continue_from(const Exchange& a) {
+  route = a.route;
+  version = a.version;
+  keep_alive = a.keep_alive;
+  method = a.method;
+  path = a.path;
+  query = a.query;
+  tenant = a.tenant;
+  key = a.key;
+  fingerprint = a.fingerprint;
+  principal = a.principal;
+  check_principal = a.check_principal;
+  claim = a.claim;
+  waiter_key = a.waiter_key;
+  key_hash = a.key_hash;
+  outcome = a.outcome;
 }
 
 namespace {
 
 // Counts an owner for the drain, from its forward until its answer.
 struct OwnerCount {
-  explicit OwnerCount(std::size_t& n) : n(n) { ++n; }
-  ~OwnerCount() { --n; }
+  explicit OwnerCount(std::atomic<std::size_t>& n) : n(n) { n.fetch_add(1, std::memory_order_relaxed); }
+  ~OwnerCount() { n.fetch_sub(1, std::memory_order_relaxed); }
   OwnerCount(const OwnerCount&) = delete;
   OwnerCount& operator=(const OwnerCount&) = delete;
-  std::size_t& n;
+  std::atomic<std::size_t>& n;
 };
 
 }  // namespace
@@ -563,6 +616,7 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
         break;
       case Step::forward:
         if (!owning) owning.emplace(owners_in_flight_);
+        if (x.async) x.async->forwarding(rs.async->after);
         event = co_await forward_as_owner(x, a.owner);
         break;
       case Step::release: event = co_await release(x, a.fence); break;
@@ -573,7 +627,14 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
         if (!owning) owning.emplace(owners_in_flight_);
         event = co_await reconcile(x, a.owner);
         break;
-      case Step::answer: co_return answer(x, a);
+      case Step::answer:
+        // A duplicate of a long operation is pointed at its status, as its first request
+        // was: the same 202, not a 409.
+        if (rs.async && a.answer == idempotency::Answer::in_progress && x.row &&
+            a.fenced == idempotency::Fenced::no) {
+          co_return co_await accepted(x, x.row->attempt, x.row->expires_at_us);
+        }
+        co_return answer(x, a);
     }
   }
 }

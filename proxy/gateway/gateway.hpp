@@ -4,6 +4,7 @@
 // (protocol.hpp, a state machine of events and actions); this driver performs its actions
 // against the Store and the upstream Client, and is the only place where a request's
 // idempotency actions turn into I/O.
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -38,15 +39,21 @@ class Gateway {
   asio::awaitable<server::Response> handle(server::Request& request,
                                            const server::RequestContext& context);
 
-  // How many owner requests are between claim and their final store write (drain waits
-  // for these on shutdown).
-  std::size_t owners_in_flight() const noexcept { return owners_in_flight_; }
+  // How many owner requests are between claim and their final store write, including
+  // operations that answered 202 and go on without their client. Read by the drain from
+  // another thread.
+  std::size_t owners_in_flight() const noexcept {
+    return owners_in_flight_.load(std::memory_order_relaxed);
+  }
 
-  struct Exchange;  // one request's state; defined in gateway.cpp
+  struct Exchange;  // one request's state (gateway/exchange.hpp)
+  struct AsyncJob;  // a request on an async route, detached from its client
 
  private:
   asio::awaitable<server::Response> protected_request(Exchange& x);
   std::optional<server::Response> admit(Exchange& x);
+  // The tenant (and principal, when configured) alone: all a status request needs.
+  std::optional<server::Response> admit_identity(Exchange& x);
   // The driver of idempotency::Protocol, and the steps it performs.
   asio::awaitable<server::Response> run_protocol(Exchange& x);
   asio::awaitable<idempotency::Event> claim(Exchange& x);
@@ -63,6 +70,13 @@ class Gateway {
   asio::awaitable<idempotency::Event> refetch(Exchange& x);
   asio::awaitable<idempotency::Event> reconcile(Exchange& x, store::Ownership owner);
   server::Response refetch_answer(Exchange& x, idempotency::Answer answer);
+  // Routes with `async` (gateway/async_operations.cpp).
+  asio::awaitable<server::Response> run_async(Exchange& x);
+  asio::awaitable<server::Response> accepted(Exchange& x, std::int64_t attempt,
+                                             std::int64_t expires_at_us);
+  asio::awaitable<server::Response> operation_status(Exchange& x, const StatusMatch& m);
+  void note_background(const Exchange& x);
+
   server::Response answer(Exchange& x, const idempotency::Action& a);
   void note_fenced(Exchange& x, const idempotency::Action& a);
   asio::awaitable<server::Response> pass_through(Exchange& x);
@@ -70,7 +84,7 @@ class Gateway {
   asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);
 
   Dependencies deps_;
-  std::size_t owners_in_flight_ = 0;
+  std::atomic<std::size_t> owners_in_flight_{0};
 };
 
 }  // namespace idem::gateway

@@ -1,6 +1,7 @@
 #include "gateway/router.hpp"
 
 #include "gateway/headers.hpp"
+#include "gateway/policy.hpp"
 
 #include <algorithm>
 #include <stdexcept>
@@ -72,12 +73,35 @@ std::vector<std::string> loose_segments(std::string_view path) {
   return out;
 }
 
+namespace {
+
+// tenant.from: jwt | mtls. In jwt mode the token is decided by as well: its look-alikes
+// go and a Connection option may not name it (gateway/inbound.hpp).
+void build_identity(const settings::Settings& s, std::shared_ptr<const identity::Resolver>& out,
+                    std::vector<std::string>& decided) {
+  const auto& tenant = s.tenant;
+  if (tenant.from == settings::TenantSource::header) return;
+  std::shared_ptr<const identity::KeySet> keys;
+  if (tenant.from == settings::TenantSource::jwt) {
+    try {
+      keys = std::make_shared<const identity::KeySet>(identity::KeySet::load_file(tenant.jwt.jwks_file));
+    } catch (const identity::KeySetError& e) {
+      throw settings::ConfigError(s.source_file, 0, "tenant.jwt.jwks_file", e.what());
+    }
+    add_decided(decided, "Authorization");
+  }
+  out = std::make_shared<const identity::Resolver>(tenant, std::move(keys));
+}
+
+}  // namespace
+
 std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Settings> s) {
   auto rt = std::make_shared<Runtime>();
   rt->settings_ = std::move(s);
   rt->routes_.reserve(rt->settings_->routes.size());
   add_decided(rt->decided_headers_, rt->settings_->tenant.header);
   add_decided(rt->decided_headers_, rt->settings_->tenant.principal_header);
+  build_identity(*rt->settings_, rt->identity_, rt->decided_headers_);
   for (std::size_t i = 0; i < rt->settings_->routes.size(); ++i) {
     const auto& route = rt->settings_->routes[i];
     CompiledRoute compiled;
@@ -102,7 +126,37 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
     }
     rt->routes_.push_back(std::move(compiled));
   }
+  // After the loop: routes_ no longer moves, so the pointers stay valid.
+  for (const auto& route : rt->routes_) {
+    if (!route.settings->async) continue;
+    StatusTemplate t;
+    t.segments = split_path(route.settings->async->status_path);
+    t.id_at = static_cast<std::size_t>(
+        std::find(t.segments.begin(), t.segments.end(), "{operation_id}") - t.segments.begin());
+    t.route = &route;
+    rt->status_templates_.push_back(std::move(t));
+  }
+  rt->policy_ = policy_document(*rt->settings_);
   return rt;
+}
+
+std::optional<StatusMatch> Runtime::match_status(std::string_view method,
+                                                 std::string_view path) const {
+  if (status_templates_.empty() || method != "GET") return std::nullopt;
+  const auto segments = split_path(path);
+  std::optional<StatusMatch> found;
+  for (const auto& t : status_templates_) {
+    if (t.segments.size() != segments.size() || t.id_at >= segments.size()) continue;
+    bool ok = !segments[t.id_at].empty();
+    for (std::size_t i = 0; i < segments.size() && ok; ++i) {
+      if (i != t.id_at) ok = t.segments[i] == segments[i];
+    }
+    if (!ok) continue;
+    if (!found) found.emplace().operation_id = segments[t.id_at];
+    // Two templates can only both match with the id in the same place if they are equal.
+    if (found->operation_id == segments[t.id_at]) found->routes.push_back(t.route);
+  }
+  return found;
 }
 
 const CompiledRoute* Runtime::match(std::string_view method, std::string_view path) const {

@@ -7,6 +7,7 @@
 #include <string_view>
 #include <vector>
 
+#include "identity/identity.hpp"
 #include "idempotency/fingerprint.hpp"
 #include "settings/settings.hpp"
 
@@ -30,11 +31,20 @@ struct CompiledRoute {
 // segments dropped ("//", a trailing '/'), dot segments resolved.
 std::vector<std::string> loose_segments(std::string_view path);
 
+// A GET of an operation status resource (routes with `async`): the operation id the path
+// names, and the routes whose status_path it matched (several routes may share one).
+struct StatusMatch {
+  std::string operation_id;
+  std::vector<const CompiledRoute*> routes;
+};
+
 // One immutable snapshot of the configuration: a reload builds a new one and swaps the
 // pointer; requests keep the snapshot they started with.
 class Runtime {
  public:
-  // Throws settings::ConfigError (naming the route's line) when a route cannot be compiled.
+  // Throws settings::ConfigError (naming the route's line) when a route cannot be compiled,
+  // or (naming tenant.jwt.jwks_file) when tenant.from is jwt and the JWKS cannot be used:
+  // the JWKS is read here, so a reload reads it again and a bad one keeps the running one.
   static std::shared_ptr<const Runtime> build(std::shared_ptr<const settings::Settings> s);
 
   const settings::Settings& settings() const noexcept { return *settings_; }
@@ -49,14 +59,30 @@ class Runtime {
   // Such a request is refused: forwarded unprotected, it could run a protected operation.
   const CompiledRoute* resembles(std::string_view method, std::string_view path) const;
 
+  // A GET whose path matches an async route's status_path; compared like match().
+  std::optional<StatusMatch> match_status(std::string_view method, std::string_view path) const;
+
   // The header names idemproxy decides by: the tenant and principal headers, and every
   // route's key and fingerprint headers (gateway/inbound.hpp).
   const std::vector<std::string>& decided_headers() const noexcept { return decided_headers_; }
+
+  // The policy document served at settings().policy_path (gateway/policy.hpp).
+  const std::string& policy() const noexcept { return policy_; }
+  // The verifier of tenant.from: jwt | mtls; nullptr in header mode.
+  const identity::Resolver* identity() const noexcept { return identity_.get(); }
 
  private:
   std::shared_ptr<const settings::Settings> settings_;
   std::vector<CompiledRoute> routes_;
   std::vector<std::string> decided_headers_;
+  struct StatusTemplate {
+    std::vector<std::string> segments;  // "{operation_id}" at `id_at`
+    std::size_t id_at = 0;
+    const CompiledRoute* route = nullptr;
+  };
+  std::vector<StatusTemplate> status_templates_;
+  std::string policy_;
+  std::shared_ptr<const identity::Resolver> identity_;
 };
 
 // Holds the current snapshot; load() is a lock-free atomic read on the request path.

@@ -13,7 +13,8 @@ namespace idem::idempotency::detail {
 // Canonical text of a JSON number lexeme (RFC 8259 grammar), computed exactly from the
 // decimal digits -- never through a double -- so two lexemes canonicalize alike exactly
 // when they denote the same rational number. nullopt if the lexeme is not a JSON number
-// or its exponent is beyond what we accept. The chosen form is documented in number.cpp.
+// or its exponent -- as written, or of the value in scientific notation -- is beyond
+// +-10^9. The chosen form is documented in number.cpp.
 std::optional<std::string> canonical_number(std::string_view lexeme);
 
 // Strict order of two strings by their UTF-16 code units, as RFC 8785 sorts object

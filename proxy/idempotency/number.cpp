@@ -30,7 +30,10 @@ bool is_digit(char c) noexcept { return c >= '0' && c <= '9'; }
 
 // Beyond this the value is astronomically far from anything a backend could store, and
 // bounding it keeps every position computation far from int64 overflow. Boost.JSON
-// already refuses exponents beyond INT_MAX; this is the same idea, stated here.
+// already refuses exponents beyond INT_MAX; this is the same idea, stated here. It bounds
+// both the exponent as written and the value's own (scientific) exponent: bounding only the
+// written one would accept 10e1000000000 but refuse 1e1000000001, the same value and its
+// canonical form (found by fuzz/json).
 constexpr std::int64_t kMaxExponent = 1'000'000'000;
 
 }  // namespace
@@ -88,6 +91,8 @@ std::optional<std::string> canonical_number(std::string_view s) {
 
   const auto k = static_cast<std::int64_t>(d.size());
   const std::int64_t n = k + scale;
+  // The value is d.ddd x 10^(n-1): the exponent its canonical form writes.
+  if (n - 1 > kMaxExponent || n - 1 < -kMaxExponent) return std::nullopt;
 
   std::string out;
   if (negative) out.push_back('-');

@@ -49,6 +49,8 @@ std::string_view to_string(StoreOp op) noexcept {
     case StoreOp::expire_lease: return "expire_lease";
     case StoreOp::purge: return "purge";
     case StoreOp::cleanup: return "cleanup";
+    case StoreOp::register_operation: return "register_operation";
+    case StoreOp::find_operation: return "find_operation";
   }
   return "unknown";
 }
@@ -217,6 +219,8 @@ class Family {
     "Replays that re-fetched their resource (replay.mode: refetch), by result.")                 \
   X(reconciliations,    Counter,         "idemproxy_reconciliations_total",      "result",       \
     "Takeovers that asked the backend whether the operation happened, by its answer.")          \
+  X(async_operations,   Counter,         "idemproxy_async_operations_total",     "outcome",      \
+    "Long operations (routes with async) that finished after their client got 202, by outcome.") \
   X(lease_renewals,     Counter,         "idemproxy_lease_renewals_total",       "",             \
     "Lease renewals by owners waiting on the upstream.")                                         \
   X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
@@ -418,11 +422,23 @@ struct Metrics::Impl {
     for (auto d : kDirectives) directives.get(d);
     for (auto r : kRefetchResults) refetches.get(r);
     for (auto r : kReconcileResults) reconciliations.get(r);
+    // Requests the listener refuses itself count under "unmatched" before any route exists.
+    requests.get("unmatched");
+    request_duration.get("unmatched");
   }
 };
 
 Metrics::Metrics() : impl_(std::make_unique<Impl>()) {}
 Metrics::~Metrics() = default;
+
+void Metrics::declare_routes(const std::vector<std::string>& routes) {
+  impl_->requests.get("unmatched");
+  impl_->request_duration.get("unmatched");
+  for (const auto& r : routes) {
+    impl_->requests.get(r);
+    impl_->request_duration.get(r);
+  }
+}
 
 void Metrics::request(std::string_view route, Outcome outcome, double seconds) {
   const auto i = static_cast<std::size_t>(outcome);
@@ -452,6 +468,9 @@ void Metrics::directive(std::string_view directive) { impl_->directives.get(dire
 void Metrics::refetch(std::string_view result) { impl_->refetches.get(result).add(1); }
 void Metrics::reconciliation(std::string_view result) {
   impl_->reconciliations.get(result).add(1);
+}
+void Metrics::async_operation(Outcome outcome) {
+  impl_->async_operations.get(to_string(outcome)).add(1);
 }
 void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
@@ -485,6 +504,11 @@ std::uint64_t Metrics::directives(std::string_view directive) const {
   const auto* c = impl_->directives.find(directive);
   return c != nullptr ? c->get() : 0;
 }
+std::uint64_t Metrics::async_operations(Outcome outcome) const {
+  const auto* c = impl_->async_operations.find(to_string(outcome));
+  return c != nullptr ? c->get() : 0;
+}
+
 std::uint64_t Metrics::refetches(std::string_view result) const {
   const auto* c = impl_->refetches.find(result);
   return c != nullptr ? c->get() : 0;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "common/errors.hpp"
 
@@ -29,8 +30,11 @@ constexpr int kOutcomeCount = 11;
 std::string_view to_string(Outcome o) noexcept;
 
 // idemproxy_store_duration_seconds{op}
-enum class StoreOp { claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup };
-constexpr int kStoreOpCount = 10;
+enum class StoreOp {
+  claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup,
+  register_operation, find_operation
+};
+constexpr int kStoreOpCount = 12;
 std::string_view to_string(StoreOp op) noexcept;
 
 // The idemproxy_store_errors_total{kind} label for a failed store call: "unavailable",
@@ -44,6 +48,11 @@ class Metrics {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
+  // Creates every outcome series (and the duration histogram) of these routes at 0, so a
+  // rate or ratio over outcome="key_reused" has a series before the first conflict. Called
+  // with the configured route names at start and after each reload; "unmatched" is always
+  // declared. Series of routes removed by a reload stay (Prometheus counters never vanish).
+  void declare_routes(const std::vector<std::string>& routes);
   void request(std::string_view route, Outcome outcome, double seconds);
   void upstream_duration(double seconds);
   void store_duration(StoreOp op, double seconds);
@@ -63,6 +72,8 @@ class Metrics {
   void refetch(std::string_view result);
   // on_unknown_outcome: reconcile — the backend's lookup: "found", "not_found" or "failed".
   void reconciliation(std::string_view result);
+  // async routes: an operation that finished after its client got 202, by its outcome.
+  void async_operation(Outcome outcome);
   void lease_renewal();
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
@@ -79,6 +90,7 @@ class Metrics {
   std::uint64_t backend_completions(std::string_view result) const;
   std::uint64_t directives(std::string_view directive) const;
   std::uint64_t refetches(std::string_view result) const;
+  std::uint64_t async_operations(Outcome outcome) const;
   std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;

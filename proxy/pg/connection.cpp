@@ -71,34 +71,8 @@ struct ParamBuffers {
   int count() const { return static_cast<int>(values.size()); }
 };
 
-std::vector<std::string> split_commas(const std::string& s) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t comma = s.find(',', start);
-    parts.push_back(s.substr(start, comma - start));
-    if (comma == std::string::npos) return parts;
-    start = comma + 1;
-  }
-}
-
-std::string join_commas(const std::vector<std::string>& parts) {
-  std::string out;
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    if (i) out.push_back(',');
-    out += parts[i];
-  }
-  return out;
-}
-
-// Entries libpq will not look up: empty (default), Unix socket directories and abstract
-// sockets, and literal addresses.
-bool needs_lookup(const std::string& host) {
-  if (host.empty() || host[0] == '/' || host[0] == '@') return false;
-  error_code ec;
-  asio::ip::make_address(host, ec);
-  return static_cast<bool>(ec);
-}
+// libpq's getenv, behind the pure host planner's lookup (host_list.hpp).
+const char* process_env(const char* name) { return std::getenv(name); }
 
 }  // namespace
 
@@ -121,6 +95,7 @@ void Connection::close() noexcept {
     conn_ = nullptr;
   }
   broken_ = true;
+  closed_ = true;
 }
 
 int Connection::backend_pid() const noexcept { return conn_ ? PQbackendPID(conn_) : 0; }
@@ -284,87 +259,35 @@ asio::awaitable<error_code> Connection::poll_connect() {
   }
 }
 
-// Splits `conninfo` into its host, hostaddr and port (the environment filling what the
-// string leaves out, as libpq would) and everything else, which goes to `out` unchanged.
-// False, with error_message_ set, when libpq cannot parse it.
-bool Connection::take_host_fields(const std::string& conninfo, ConnectParams& out,
-                                  std::string& host, std::string& hostaddr, std::string& port) {
-  char* parse_error = nullptr;
-  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
-  if (!parsed) {
-    error_message_ = parse_error ? parse_error : "invalid connection string";
-    if (parse_error) PQfreemem(parse_error);
-    return false;
-  }
-  for (PQconninfoOption* o = parsed; o->keyword; ++o) {
-    if (!o->val) continue;
-    const std::string_view key = o->keyword;
-    if (key == "host") {
-      host = o->val;
-    } else if (key == "hostaddr") {
-      hostaddr = o->val;
-    } else if (key == "port") {
-      port = o->val;
-    } else {
-      out.add(o->keyword, o->val);
-    }
-  }
-  PQconninfoFree(parsed);
-  if (host.empty() && hostaddr.empty()) {
-    if (const char* env = std::getenv("PGHOST")) host = env;
-    if (const char* env = std::getenv("PGHOSTADDR")) hostaddr = env;
-  }
-  return true;
-}
-
-asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninfo,
-                                                      ConnectParams& out) {
+asio::awaitable<error_code> Connection::resolve_targets(HostPlan& plan) {
   // libpq looks host names up with a blocking getaddrinfo() inside PQconnectStart and
   // PQconnectPoll: a slow DNS server would stall every request on this thread. Names are
   // resolved here instead (Asio's resolver runs getaddrinfo on its own thread) and passed
   // as hostaddr next to the unchanged host, which libpq still uses for TLS name checks and
-  // .pgpass. Each address becomes its own host/hostaddr entry, in order, so libpq tries
-  // them exactly as it would have (multi-host lists, target_session_attrs...).
-  std::string host, hostaddr, port;
-  if (!take_host_fields(conninfo, out, host, hostaddr, port)) {
-    co_return make_error_code(errc::connection_failed);
-  }
-
-  const auto pass_through = [&] {
-    if (!host.empty()) out.add("host", host);
-    if (!hostaddr.empty()) out.add("hostaddr", hostaddr);
-    if (!port.empty()) out.add("port", port);
+  // .pgpass. Each address becomes a target of its own, in order, as libpq would have
+  // tried them.
+  if (plan.whole_list) co_return error_code{};
+  const auto unresolved = [](const HostTarget& t) {
+    return t.hostaddr.empty() && needs_lookup(t.host);
   };
-  const std::vector<std::string> hosts = split_commas(host);
-  const std::vector<std::string> ports = split_commas(port);
-  const bool per_host_ports = ports.size() > 1;
-  // Already resolved by the user, nothing to look up, or a malformed list libpq should
-  // report itself.
-  if (!hostaddr.empty() || host.empty() || (per_host_ports && ports.size() != hosts.size()) ||
-      std::none_of(hosts.begin(), hosts.end(), needs_lookup)) {
-    pass_through();
-    co_return error_code{};
-  }
+  if (std::none_of(plan.targets.begin(), plan.targets.end(), unresolved)) co_return error_code{};
 
-  std::vector<std::string> out_hosts, out_addrs, out_ports;
-  for (std::size_t i = 0; i < hosts.size(); ++i) {
-    const std::string& h = hosts[i];
-    const std::string p = per_host_ports ? ports[i] : std::string();
-    if (!needs_lookup(h)) {
-      out_hosts.push_back(h);
-      out_addrs.emplace_back();  // empty entry: libpq uses the host as given
-      out_ports.push_back(p);
+  std::vector<HostTarget> out;
+  for (const HostTarget& t : plan.targets) {
+    if (!unresolved(t)) {
+      out.push_back(t);
       continue;
     }
     error_code ec;
     auto results = co_await resolver_.async_resolve(
-        h, "", asio::redirect_error(asio::use_awaitable, ec));
+        t.host, "", asio::redirect_error(asio::use_awaitable, ec));
     if (timed_out_) co_return make_error_code(errc::timeout);
     if (ec == asio::error::operation_aborted) co_return make_error_code(errc::cancelled);
     if (ec) {
       // Like libpq, a name that does not resolve only skips that host.
-      if (hosts.size() > 1) continue;
-      error_message_ = "could not translate host name \"" + h + "\" to address: " + ec.message();
+      if (plan.targets.size() > 1) continue;
+      error_message_ =
+          "could not translate host name \"" + t.host + "\" to address: " + ec.message();
       co_return make_error_code(errc::connection_failed);
     }
     std::vector<std::string> seen;
@@ -372,33 +295,21 @@ asio::awaitable<error_code> Connection::resolve_hosts(const std::string& conninf
       std::string addr = entry.endpoint().address().to_string();
       if (std::find(seen.begin(), seen.end(), addr) != seen.end()) continue;
       seen.push_back(addr);
-      out_hosts.push_back(h);
-      out_addrs.push_back(std::move(addr));
-      out_ports.push_back(p);
+      out.push_back(HostTarget{t.host, std::move(addr), t.port});
     }
   }
-  if (out_hosts.empty()) {
+  if (out.empty()) {
     error_message_ = "could not translate any host name to an address";
     co_return make_error_code(errc::connection_failed);
   }
-  out.add("host", join_commas(out_hosts));
-  out.add("hostaddr", join_commas(out_addrs));
-  if (per_host_ports) {
-    out.add("port", join_commas(out_ports));
-  } else if (!port.empty()) {
-    out.add("port", port);
-  }
+  plan.targets = std::move(out);
   co_return error_code{};
 }
 
 asio::awaitable<error_code> Connection::connect(const PoolOptions& options) {
   error_message_.clear();
   in_call_ = true;
-  // libpq's own connect_timeout only applies to its blocking connect; with
-  // PQconnectPoll the caller enforces it, here for name lookup, connect and session
-  // setup together.
-  arm_deadline(options.connect_timeout);
-  error_code ec = co_await start_and_setup(options);
+  error_code ec = co_await connect_any(options);
   disarm_deadline();
   in_call_ = false;
   if (ec) {
@@ -410,9 +321,76 @@ asio::awaitable<error_code> Connection::connect(const PoolOptions& options) {
   co_return ec;
 }
 
-asio::awaitable<error_code> Connection::start_and_setup(const PoolOptions& options) {
+// One attempt per target (host_list.hpp), each within its own connect_timeout, which
+// covers the TCP connect, authentication, libpq's target_session_attrs check and the
+// session setup. libpq's own connect_timeout only applies to its blocking connect; with
+// PQconnectPoll the caller enforces it, as libpq does: per host.
+asio::awaitable<error_code> Connection::connect_any(const PoolOptions& options) {
+  HostPlan plan = plan_hosts(options.conninfo, &process_env);
+  if (!plan.error.empty()) {
+    error_message_ = plan.error;
+    co_return make_error_code(errc::connection_failed);
+  }
+  arm_deadline(options.connect_timeout);  // name lookups
+  if (auto ec = co_await resolve_targets(plan)) co_return ec;
+
+  const std::vector<std::string> passes =
+      session_attrs_passes(plan.session_attrs, plan.targets.size());
+  const std::size_t attempts = passes.size() * plan.targets.size();
+  std::string messages;
+  error_code last;
+  bool all_timed_out = true;
+  for (const std::string& attrs : passes) {
+    for (const HostTarget& target : plan.targets) {
+      if (closed_) co_return make_error_code(errc::cancelled);
+      arm_deadline(options.connect_timeout);
+      error_code ec = co_await attempt(plan, target, attrs, options);
+      if (!ec) co_return ec;
+      // The owner closed the connection: no other host is wanted either.
+      if (ec == errc::cancelled || closed_) co_return make_error_code(errc::cancelled);
+      if (attempts == 1) co_return ec;
+      if (ec == errc::timeout) {
+        error_message_ = "no answer from " + describe(target) + " within connect_timeout (" +
+                         std::to_string(options.connect_timeout.count()) + " ms)";
+      }
+      if (!messages.empty()) messages += "; ";
+      messages += error_message_;
+      last = ec;
+      all_timed_out = all_timed_out && ec == errc::timeout;
+      end_attempt();
+    }
+  }
+  error_message_ = std::move(messages);
+  if (all_timed_out) co_return make_error_code(errc::timeout);
+  co_return last == errc::timeout ? make_error_code(errc::connection_failed) : last;
+}
+
+std::string Connection::describe(const HostTarget& t) {
+  std::string s = "server at \"" + (t.host.empty() ? std::string("(default)") : t.host) + "\"";
+  if (!t.hostaddr.empty() && t.hostaddr != t.host) s += " (" + t.hostaddr + ")";
+  if (!t.port.empty()) s += ", port " + t.port;
+  return s;
+}
+
+void Connection::end_attempt() noexcept {
+  if (socket_.is_open()) socket_.release();
+  if (conn_) {
+    PQfinish(conn_);
+    conn_ = nullptr;
+  }
+  broken_ = false;
+  timed_out_ = false;
+}
+
+asio::awaitable<error_code> Connection::attempt(const HostPlan& plan, const HostTarget& target,
+                                                const std::string& session_attrs,
+                                                const PoolOptions& options) {
   ConnectParams params;
-  if (auto ec = co_await resolve_hosts(options.conninfo, params)) co_return ec;
+  for (const auto& [key, value] : plan.common) params.add(key, value);
+  if (!target.host.empty()) params.add("host", target.host);
+  if (!target.hostaddr.empty()) params.add("hostaddr", target.hostaddr);
+  if (!target.port.empty()) params.add("port", target.port);
+  if (!session_attrs.empty()) params.add("target_session_attrs", session_attrs);
   std::vector<const char*> keys, values;
   for (std::size_t i = 0; i < params.keys.size(); ++i) {
     keys.push_back(params.keys[i].c_str());

@@ -15,6 +15,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "common/types.hpp"
+#include "pg/host_list.hpp"
 #include "pg/pool.hpp"
 #include "pg/result.hpp"
 
@@ -44,7 +45,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection& operator=(const Connection&) = delete;
 
   // Opens the connection and prepares the session (timeouts, application_name, prepared
-  // statements) in one pipelined round trip, all within options.connect_timeout.
+  // statements) in one pipelined round trip. Each host of a multi-host list is tried in
+  // libpq's order, each within options.connect_timeout (host_list.hpp).
   asio::awaitable<error_code> connect(const PoolOptions& options);
 
   // Runs one command within `deadline`. On a client-side deadline or a broken protocol
@@ -96,10 +98,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     }
   };
 
-  asio::awaitable<error_code> resolve_hosts(const std::string& conninfo, ConnectParams& out);
-  bool take_host_fields(const std::string& conninfo, ConnectParams& out, std::string& host,
-                        std::string& hostaddr, std::string& port);
-  asio::awaitable<error_code> start_and_setup(const PoolOptions& options);
+  // Name lookups of the targets that need one, in place.
+  asio::awaitable<error_code> resolve_targets(HostPlan& plan);
+  asio::awaitable<error_code> connect_any(const PoolOptions& options);
+  // One target: libpq's connect, then the session setup.
+  asio::awaitable<error_code> attempt(const HostPlan& plan, const HostTarget& target,
+                                      const std::string& session_attrs,
+                                      const PoolOptions& options);
+  // Forgets a failed attempt (its socket and libpq connection) for the next one.
+  void end_attempt() noexcept;
+  static std::string describe(const HostTarget& t);
   asio::awaitable<error_code> poll_connect();
   asio::awaitable<error_code> setup_session(const PoolOptions& options);
   asio::awaitable<error_code> finish_flush(int first_flush);
@@ -135,6 +143,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // (exception, destroyed coroutine) it stays set and the connection is not reused.
   bool in_call_ = false;
   bool broken_ = false;
+  bool closed_ = false;  // close() was called: a connect under way tries no further host
   std::string error_message_;
 };
 

@@ -7,7 +7,8 @@
 // strand); it has no locks. Destroy the pool before its io_context.
 //
 // Deadlines of one execute()/query():
-//   waiting for a connection  <= acquire_timeout (a new connection: <= connect_timeout)
+//   waiting for a connection  <= acquire_timeout (a new connection: <= connect_timeout
+//                                 per host tried, as libpq's connect_timeout)
 //   the statement itself      <= statement_timeout (server side, then SQLSTATE 57014)
 //                                 + deadline_margin (client side, then errc::timeout and
 //                                   the connection is closed)
@@ -43,7 +44,8 @@ struct Param {
 };
 
 struct PoolOptions {
-  std::string conninfo;              // libpq URI or key=value conninfo
+  std::string conninfo;              // libpq URI or key=value conninfo; multi-host lists
+                                     // are tried in order, each host within connect_timeout
   std::size_t size = 4;              // max open connections
   Millis connect_timeout{5000};
   Millis statement_timeout{2000};    // SET per session; the client deadline adds a margin

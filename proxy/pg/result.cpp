@@ -114,7 +114,14 @@ idem::errc to_store_errc(const error_code& ec) noexcept {
     // Class 08 is the connection class; 57P01-03 are the server going away or not
     // accepting connections yet; class 53 (out of memory, disk full, too many
     // connections) is a server that cannot serve right now. All mean "try again later".
-    if (cls == "08" || cls == "53" || s == "57P01" || s == "57P02" || s == "57P03") {
+    //
+    // 25006 read_only_sql_transaction: the session landed on, or stayed on, a server that
+    // takes no writes (a standby reached without target_session_attrs=read-write; a
+    // primary being demoted by a failover manager, which turns default_transaction_read_only
+    // on for the sessions it still has). The primary is elsewhere or coming: the same
+    // "try again later", and the connection is dropped so the next one looks for it.
+    if (cls == "08" || cls == "53" || s == "57P01" || s == "57P02" || s == "57P03" ||
+        s == "25006") {
       return idem::errc::store_unavailable;
     }
     // lock_timeout is set equal to statement_timeout, so a lock wait that hits it is the

@@ -58,7 +58,8 @@ std::string sqlstate(const error_code& ec);
 
 // The store-level meaning of any error this layer returns:
 //   connection class 08xxx, 57P01-57P03 (admin/crash shutdown, cannot connect now),
-//   class 53 (insufficient resources), connection_failed/lost, pool_closed
+//   class 53 (insufficient resources), 25006 (read-only: not the primary),
+//   connection_failed/lost, pool_closed
 //                                                       -> store_unavailable
 //   57014 query_canceled (statement_timeout), 55P03 lock_not_available (lock_timeout),
 //   client deadline, cancellation                       -> store_timeout

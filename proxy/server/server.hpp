@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include <boost/asio/awaitable.hpp>
@@ -16,6 +17,10 @@
 
 #include "common/types.hpp"
 #include "settings/settings.hpp"
+
+namespace boost::asio::ssl {
+class context;
+}
 
 namespace idem::server {
 
@@ -29,6 +34,9 @@ struct RequestContext {
   // The peer's address as text when the listener has it (formatted once per connection);
   // empty otherwise. Valid while the request is handled.
   std::string_view peer_address;
+  // On a TLS connection with a verified client certificate: its URI SANs (for
+  // tenant.from: mtls). Empty otherwise. Valid while the request is handled.
+  std::span<const std::string> client_uris;
 };
 
 // Called once per request that passed framing and limits. Must not throw for expected
@@ -54,6 +62,10 @@ struct ListenerOptions {
   // Normalize request targets (server/target.hpp). Off for the admin listener: nothing it
   // serves is forwarded, and its record paths must be able to name a key "." or "..".
   bool normalize_target = true;
+  // TLS: the context for the next accepted connection (server/tls.hpp), read once per
+  // connection so a reload's new certificate applies to new connections. Empty: plain
+  // HTTP. Never returns null when set.
+  std::function<std::shared_ptr<asio::ssl::context>()> tls;
 };
 
 class Server {

@@ -32,11 +32,14 @@ struct NormalizedTarget {
 // Accepts origin-form, absolute-form with an http or https scheme, and "*" for OPTIONS.
 // Then, as RFC 3986 §6.2.2 describes: percent-encoded unreserved characters are decoded
 // (%6F -> o, %2E -> .), the hex digits of every other percent-encoding are upper-cased,
-// and dot segments are removed from the path (§5.2.4). Empty segments ("//") are kept: no
-// RFC makes them equal to one slash, and the gateway refuses a target that only such a
-// difference separates from a route (gateway/router.hpp, Runtime::resembles).
+// and dot segments are removed from the path (§5.2.4). Empty segments inside the path
+// ("/a//b") are kept: no RFC makes them equal to one slash, and the gateway refuses a
+// target that only such a difference separates from a route (gateway/router.hpp,
+// Runtime::resembles).
 //
-// Refused (ok == false): a fragment; a malformed percent-encoding; a percent-encoded NUL
+// Refused (ok == false): a path that starts with "//" once dot segments are removed (a
+// URI-reference parser reads it as a network-path reference: "//host/path"); a fragment;
+// a malformed percent-encoding; a percent-encoded NUL
 // or a character outside RFC 3986's path characters in the path; a non-ASCII byte or a
 // control character anywhere; userinfo or an empty host in absolute-form; any other form
 // (authority-form, as CONNECT uses, relative references).

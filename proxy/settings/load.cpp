@@ -1,6 +1,7 @@
 // YAML -> Settings. The walk is explicit (one function per section, one line per key) rather
 // than table-driven: every key's type, range and error message is visible next to its name,
 // and the struct defaults in settings.hpp stay the single source of default values.
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -372,13 +373,41 @@ constexpr std::size_t MiB = 1u << 20;
 constexpr std::size_t GiB = 1u << 30;
 constexpr Millis kOneMs{1};
 
+void parse_upstream_tls(const Loader& L, const Item& it, UpstreamTls& t) {
+  Map m(L, it, {"ca_file", "server_name", "verify"});
+  if (auto v = m.get("ca_file")) t.ca_file = L.word(*v);
+  if (auto v = m.get("server_name")) {
+    t.server_name = L.word(*v);
+    if (t.server_name.find_first_of(" /:@[]") != std::string::npos) {
+      L.fail(*v, "'" + t.server_name + "' is not a host name or an IP address");
+    }
+  }
+  if (auto v = m.get("verify")) t.verify = L.boolean(*v);
+}
+
 void parse_upstream(const Loader& L, const Item& it, UpstreamSettings& u) {
-  Map m(L, it, {"url", "connect_timeout", "response_timeout", "max_response_body"});
+  Map m(L, it, {"url", "connect_timeout", "response_timeout", "max_response_body", "tls"});
   const auto url = m.required("url");
   L.with_syntax(url, [&] { detail::parse_upstream_url(L.text(url), u); });
   if (auto v = m.get("connect_timeout")) u.connect_timeout = L.duration(*v, kOneMs);
   if (auto v = m.get("response_timeout")) u.response_timeout = L.duration(*v, kOneMs);
   if (auto v = m.get("max_response_body")) u.max_response_body = L.size(*v, 1, GiB);
+  if (auto v = m.get("tls")) {
+    // Settings for a connection that is never made would hide the mistake of a url that
+    // still says http://.
+    if (!u.https) L.fail(*v, "upstream.tls needs an https:// upstream url");
+    parse_upstream_tls(L, *v, u.tls);
+  }
+}
+
+// Top-level `tls`: the listener's certificate, key and (for client certificates) CAs.
+ListenerTls parse_listener_tls(const Loader& L, const Item& it) {
+  ListenerTls t;
+  Map m(L, it, {"cert_file", "key_file", "client_ca_file"});
+  t.cert_file = L.word(m.required("cert_file"));
+  t.key_file = L.word(m.required("key_file"));
+  if (auto v = m.get("client_ca_file")) t.client_ca_file = L.word(*v, true);
+  return t;
 }
 
 // A section written as a single value is reported without quoting it (the generic message
@@ -416,13 +445,79 @@ void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
   }
 }
 
+// Accepted issuers or audiences: a non-empty list of distinct, non-empty values.
+std::vector<std::string> value_list(const Loader& L, const Item& it) {
+  std::vector<std::string> out;
+  for (const auto& e : L.list(it)) {
+    auto value = L.word(e);
+    if (std::find(out.begin(), out.end(), value) != out.end()) {
+      L.fail(e, "'" + value + "' is listed twice");
+    }
+    out.push_back(std::move(value));
+  }
+  if (out.empty()) L.fail(it, "must list at least one value");
+  return out;
+}
+
+// Returns whether principal_claim was written (it needs tenant.principal_header).
+bool parse_jwt(const Loader& L, const Item& it, JwtSettings& j) {
+  Map m(L, it, {"jwks_file", "issuers", "audiences", "tenant_claim", "principal_claim", "leeway"});
+  j.jwks_file = L.word(m.required("jwks_file"));
+  j.issuers = value_list(L, m.required("issuers"));
+  j.audiences = value_list(L, m.required("audiences"));
+  j.tenant_claim = L.word(m.required("tenant_claim"));
+  bool principal_claim = false;
+  if (auto v = m.get("principal_claim")) {
+    j.principal_claim = L.word(*v);
+    principal_claim = true;
+  }
+  if (auto v = m.get("leeway")) {
+    j.leeway = L.duration(*v, Millis{0});
+    // A token that stays valid for long past its expiry is no longer short-lived.
+    if (j.leeway > Millis{5 * 60 * 1000}) L.fail(*v, "must be at most 5m");
+  }
+  if (j.principal_claim == j.tenant_claim) {
+    L.fail(principal_claim ? m.get("principal_claim")->line : it.line, it.path + ".principal_claim",
+           "the principal claim must differ from the tenant claim");
+  }
+  return principal_claim;
+}
+
+void parse_mtls(const Loader& L, const Item& it, MtlsSettings& t) {
+  Map m(L, it, {"uri_prefix"});
+  const auto v = m.required("uri_prefix");
+  t.uri_prefix = L.word(v);
+  // The tenant is the segment after the prefix: a prefix that does not end a segment would
+  // let "tenant/acme" and "tenant-other/acme" both map.
+  if (t.uri_prefix.find(':') == std::string::npos || t.uri_prefix.back() != '/') {
+    L.fail(v, "expected a URI prefix ending in '/', e.g. spiffe://orders.example/tenant/");
+  }
+}
+
 void parse_tenant(const Loader& L, const Item& it, TenantSettings& t) {
-  Map m(L, it, {"header", "principal_header"});
+  Map m(L, it, {"header", "principal_header", "from", "jwt", "mtls"});
   if (auto v = m.get("header")) t.header = L.token(*v, "header name");
   if (auto v = m.get("principal_header")) {
     const auto s = L.text(*v);
     t.principal_header = s.empty() ? s : L.token(*v, "header name");
   }
+  if (auto v = m.get("from")) {
+    t.from = L.choice<TenantSource>(
+        *v, {{"header", TenantSource::header}, {"jwt", TenantSource::jwt}, {"mtls", TenantSource::mtls}});
+  }
+  // A jwt or mtls section under another mode would read as protection that is not there.
+  const auto jwt = m.get("jwt");
+  const auto mtls = m.get("mtls");
+  if (jwt && t.from != TenantSource::jwt) L.fail(*jwt, "tenant.jwt applies only with tenant.from: jwt");
+  if (mtls && t.from != TenantSource::mtls) L.fail(*mtls, "tenant.mtls applies only with tenant.from: mtls");
+  if (t.from == TenantSource::jwt) {
+    const auto section = m.required("jwt");
+    if (parse_jwt(L, section, t.jwt) && t.principal_header.empty()) {
+      L.fail(section.line, section.path + ".principal_claim",
+             "principal_claim needs tenant.principal_header (the header the gateway sets it in)");
+    }
+  }
+  if (t.from == TenantSource::mtls) parse_mtls(L, m.required("mtls"), t.mtls);
 }
 
 void parse_limits(const Loader& L, const Item& it, Limits& l) {
@@ -616,7 +711,7 @@ void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
 }
 
 struct RouteLines {
-  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0;
+  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0, async_after = 0;
 };
 
 void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
@@ -696,6 +791,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
         *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
   }
   parse_long_operations(L, m, r);
+  if (auto v = m.get("async")) lines.async_after = v->line;
   check_route(L, it, tenant, lines, r);
   return r;
 }
@@ -718,14 +814,21 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
 
 Settings parse_root(const Loader& L, const Item& root) {
   Settings s;
-  Map m(L, root, {"listen", "workers", "upstream", "database", "tenant", "limits", "admin", "log",
-                  "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
+  Map m(L, root, {"listen", "tls", "workers", "upstream", "database", "tenant", "limits", "admin",
+                  "log", "cleanup", "replay_cache", "unmatched", "policy_path", "routes"});
   if (auto v = m.get("listen")) s.listen = L.with_syntax(*v, [&] { return detail::parse_endpoint(L.text(*v)); });
+  if (auto v = m.get("tls")) s.tls = parse_listener_tls(L, *v);
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
   parse_database(L, m.required("database"), s.database);
   // Tenant first: routes check their key header against it.
-  if (auto v = m.get("tenant")) parse_tenant(L, *v, s.tenant);
+  if (auto v = m.get("tenant")) {
+    parse_tenant(L, *v, s.tenant);
+    // The certificate is the identity: without client certificates there is none.
+    if (s.tenant.from == TenantSource::mtls && (!s.tls || s.tls->client_ca_file.empty())) {
+      L.fail(*v, "tenant.from: mtls needs tls.client_ca_file (client certificates)");
+    }
+  }
   if (auto v = m.get("limits")) parse_limits(L, *v, s.limits);
   if (auto v = m.get("admin")) parse_admin(L, *v, s.admin);
   if (auto v = m.get("log")) parse_log(L, *v, s.log);
@@ -755,11 +858,90 @@ Settings parse_root(const Loader& L, const Item& root) {
         L.fail(lines.method_path, item.path + ".path",
                r.method + " " + r.path + " matches the same requests as " + at->second);
       }
+      // The exchange behind a 202 is still bounded by the upstream's timeout: an `after`
+      // that never comes first would promise a status resource that is never used.
+      if (r.async && r.async->after >= s.upstream.response_timeout) {
+        L.fail(lines.async_after, item.path + ".async.after",
+               "async.after (" + detail::format_duration(r.async->after) +
+                   ") must be shorter than upstream.response_timeout (" +
+                   detail::format_duration(s.upstream.response_timeout) + ")");
+      }
       s.routes.push_back(std::move(r));
     }
   }
   return s;
 }
+
+// yaml-cpp resolves an alias to the anchored node itself, so a document is a graph, not a
+// tree: an alias inside its own anchor (`&a [1, *a]`) is a cycle that every walk below
+// would follow until the stack overflows, and aliases of aliases expand exponentially
+// ("billion laughs": a few hundred bytes that render to gigabytes of fingerprint defaults).
+// Either would crash a running proxy on reload instead of refusing the file. Both are
+// refused by bounding the nodes a walk of the expanded document visits; the walk itself
+// keeps its own stack, so it is safe on the documents it refuses. Found by fuzz/config.
+constexpr std::size_t kMaxExpandedNodes = 100'000;
+
+void check_expansion(const YAML::Node& root, const std::string& file) {
+  std::vector<YAML::Node> pending{root};  // copies share the node (never assign: it writes)
+  std::size_t visited = 0;
+  while (!pending.empty()) {
+    const YAML::Node n = pending.back();
+    pending.pop_back();
+    if (++visited > kMaxExpandedNodes) {
+      throw ConfigError(file, line_of(n, 0), "",
+                        "the document expands to more than " + std::to_string(kMaxExpandedNodes) +
+                            " YAML nodes (counting an alias each time it is used): an alias "
+                            "inside its own anchor, or aliases of aliases nested too deeply");
+    }
+    if (n.IsSequence()) {
+      for (const auto& child : n) pending.push_back(child);
+    } else if (n.IsMap()) {
+      for (const auto& kv : n) {
+        pending.push_back(kv.first);
+        pending.push_back(kv.second);
+      }
+    }
+  }
+}
+
+// Watches the parser's events for the first two documents without building them: how many
+// there are, where each starts (a second document that starts where the first did means the
+// parser made no progress), and the line of the second one's first node (for the error).
+class DocumentProbe : public YAML::EventHandler {
+ public:
+  int documents() const noexcept { return documents_; }
+  bool progressed() const noexcept { return documents_ < 2 || starts_[1] != starts_[0]; }
+  int second_line() const noexcept { return second_line_; }
+
+  void OnDocumentStart(const YAML::Mark& mark) override {
+    if (documents_ < 2) starts_[documents_] = mark.pos;
+    ++documents_;
+  }
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
+    node(mark);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+                       YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnSequenceEnd() override {}
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
+    node(mark);
+  }
+  void OnMapEnd() override {}
+
+ private:
+  void node(const YAML::Mark& mark) {
+    if (documents_ == 2 && second_line_ == 0) second_line_ = mark.is_null() ? 0 : mark.line + 1;
+  }
+
+  int documents_ = 0;
+  int starts_[2] = {0, 0};
+  int second_line_ = 0;
+};
 
 }  // namespace
 
@@ -767,18 +949,31 @@ namespace detail {
 
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
                                           const EnvLookup& env) {
-  std::vector<YAML::Node> docs;
+  YAML::Node root;
+  DocumentProbe probe;
   try {
-    docs = YAML::LoadAll(yaml);
+    // Never YAML::LoadAll: it loops until the parser reports the end of the stream, and
+    // on a stream that starts with ',' yaml-cpp 0.7 yields empty documents forever without
+    // consuming anything, so a one-character typo made the process allocate until it died
+    // (found by fuzz/config). Two documents are all we need to see.
+    std::istringstream in(yaml);
+    YAML::Parser parser(in);
+    while (probe.documents() < 2 && parser.HandleNextDocument(probe)) {
+    }
+    if (probe.documents() > 0) root = YAML::Load(yaml);  // the first document only
   } catch (const YAML::Exception& e) {
     const int line = e.mark.is_null() ? 0 : e.mark.line + 1;
     throw ConfigError(name, line, "", "YAML syntax error: " + e.msg);
   }
-  if (docs.size() > 1) {
-    throw ConfigError(name, line_of(docs[1], 0), "", "expected one YAML document, found several");
+  if (probe.documents() > 1) {
+    if (!probe.progressed()) {
+      throw ConfigError(name, probe.second_line(), "",
+                        "YAML syntax error: unexpected character (the parser cannot go on from here)");
+    }
+    throw ConfigError(name, probe.second_line(), "", "expected one YAML document, found several");
   }
   const Loader loader(name, env);
-  const YAML::Node root = docs.empty() ? YAML::Node() : docs.front();
+  check_expansion(root, name);
   auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
   s->source_file = name;
   return s;

@@ -143,6 +143,15 @@ const char* name(LogLevel l) {
   return "info";
 }
 
+const char* name(TenantSource t) {
+  switch (t) {
+    case TenantSource::header: return "header";
+    case TenantSource::jwt: return "jwt";
+    case TenantSource::mtls: return "mtls";
+  }
+  return "header";
+}
+
 const char* name(LogFormat f) { return f == LogFormat::text ? "text" : "json"; }
 const char* name(Unmatched u) { return u == Unmatched::reject ? "reject" : "pass"; }
 const char* yes_no(bool b) { return b ? "true" : "false"; }
@@ -272,6 +281,15 @@ using detail::format_size;
 // Every key above `routes`, in the order the documentation lists them.
 void render_globals(YamlOut& y, const Settings& s) {
   y.line(0, "listen", yaml_quote(detail::format_endpoint(s.listen)));
+  // Paths only: a key file's contents never pass through here.
+  if (s.tls) {
+    y.section(0, "tls");
+    y.line(2, "cert_file", yaml_quote(s.tls->cert_file));
+    y.line(2, "key_file", yaml_quote(s.tls->key_file));
+    y.line(2, "client_ca_file", yaml_quote(s.tls->client_ca_file));
+  } else {
+    y.text += "# tls: not set, the listener speaks plain HTTP\n";
+  }
   y.line(0, "workers", std::to_string(s.workers) + (s.workers == 0 ? "  # one per CPU" : ""));
 
   y.section(0, "upstream");
@@ -279,6 +297,12 @@ void render_globals(YamlOut& y, const Settings& s) {
   y.line(2, "connect_timeout", format_duration(s.upstream.connect_timeout));
   y.line(2, "response_timeout", format_duration(s.upstream.response_timeout));
   y.line(2, "max_response_body", format_size(s.upstream.max_response_body));
+  if (s.upstream.https) {
+    y.section(2, "tls");
+    y.line(4, "ca_file", yaml_quote(s.upstream.tls.ca_file));
+    y.line(4, "server_name", yaml_quote(s.upstream.tls.server_name));
+    y.line(4, "verify", yes_no(s.upstream.tls.verify));
+  }
 
   y.section(0, "database");
   y.line(2, "url", yaml_quote(mask_database_url(s.database.url)));
@@ -292,6 +316,22 @@ void render_globals(YamlOut& y, const Settings& s) {
   y.section(0, "tenant");
   y.line(2, "header", yaml_quote(s.tenant.header));
   y.line(2, "principal_header", yaml_quote(s.tenant.principal_header));
+  y.line(2, "from", name(s.tenant.from));
+  if (s.tenant.from == TenantSource::jwt) {
+    const auto& j = s.tenant.jwt;
+    y.section(2, "jwt");
+    y.line(4, "jwks_file", yaml_quote(j.jwks_file));
+    y.line(4, "issuers", flow_list(j.issuers));
+    y.line(4, "audiences", flow_list(j.audiences));
+    y.line(4, "tenant_claim", yaml_quote(j.tenant_claim));
+    // Written only where the loader accepts it (it needs a principal header).
+    if (!s.tenant.principal_header.empty()) y.line(4, "principal_claim", yaml_quote(j.principal_claim));
+    y.line(4, "leeway", format_duration(j.leeway));
+  }
+  if (s.tenant.from == TenantSource::mtls) {
+    y.section(2, "mtls");
+    y.line(4, "uri_prefix", yaml_quote(s.tenant.mtls.uri_prefix));
+  }
 
   y.section(0, "limits");
   y.line(2, "max_header_bytes", format_size(s.limits.max_header_bytes));

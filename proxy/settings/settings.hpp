@@ -21,14 +21,31 @@ struct Endpoint {
   std::uint16_t port = 0;
 };
 
+// TLS towards the backend (an https:// upstream url). Files are read at start and on every
+// reload (server/tls.hpp); only their paths live here.
+struct UpstreamTls {
+  std::string ca_file;      // PEM bundle of trusted CAs; "" = the system's trust store
+  std::string server_name;  // the name sent (SNI) and verified; "" = the url's host
+  bool verify = true;       // false only when written explicitly (warned at start)
+};
+
 struct UpstreamSettings {
-  std::string url;            // as written (http://host:port[/base])
+  std::string url;            // as written (http[s]://host:port[/base])
+  bool https = false;         // the url's scheme is https
   std::string host;           // parsed from url
-  std::uint16_t port = 80;    // parsed from url
+  std::uint16_t port = 80;    // parsed from url (default 80, or 443 for https)
   std::string base_path;      // path prefix from url, "" when none ("/" is stored as "")
   Millis connect_timeout{2000};
   Millis response_timeout{30000};   // whole upstream exchange
   std::size_t max_response_body = 8u << 20;
+  UpstreamTls tls;            // used when https
+};
+
+// The client-facing listener's TLS (top-level `tls`). Absent: plain HTTP.
+struct ListenerTls {
+  std::string cert_file;       // PEM: the certificate, then its chain
+  std::string key_file;        // PEM, unencrypted
+  std::string client_ca_file;  // "" = no client certificates; else every client needs one
 };
 
 enum class MigrateMode { check, automatic, off };  // YAML: check | auto | off
@@ -45,9 +62,36 @@ struct DatabaseSettings {
   int batch_max = 32;
 };
 
+// Where the tenant (and principal) of a request come from (docs/security.md):
+//   header: the tenant header as sent (a trusted layer in front sets it);
+//   jwt:    a verified bearer token's claims;
+//   mtls:   the verified client certificate's URI SAN.
+// In jwt and mtls modes a client-sent tenant or principal header is refused, and the
+// gateway sets both towards the backend from the verified identity.
+enum class TenantSource { header, jwt, mtls };
+
+struct JwtSettings {
+  std::string jwks_file;             // a JWKS (RFC 7517) file, read at start and on reload
+  std::vector<std::string> issuers;  // accepted `iss` values (exact)
+  std::vector<std::string> audiences;  // accepted `aud` values (exact; one must match)
+  std::string tenant_claim;          // the claim whose string value is the tenant
+  std::string principal_claim = "sub";  // used when tenant.principal_header is set
+  Millis leeway{30000};              // clock skew allowed on exp and nbf
+};
+
+struct MtlsSettings {
+  // The tenant is the first path segment after this prefix in the certificate's URI SAN;
+  // the whole URI is the principal (e.g. spiffe://orders.example/tenant/ and
+  // spiffe://orders.example/tenant/acme/client/web -> tenant "acme").
+  std::string uri_prefix;
+};
+
 struct TenantSettings {
   std::string header = "X-Tenant-Id";
   std::string principal_header;  // empty = principals are not checked
+  TenantSource from = TenantSource::header;
+  JwtSettings jwt;    // when from == jwt
+  MtlsSettings mtls;  // when from == mtls
 };
 
 struct Limits {
@@ -170,6 +214,7 @@ struct RouteSettings {
 struct Settings {
   std::string source_file;  // the file it was loaded from
   Endpoint listen{"127.0.0.1", 8080};
+  std::optional<ListenerTls> tls;  // absent: the listener speaks plain HTTP
   // Event-loop threads; 0 = one per CPU. Not in the contract's example: documented extension.
   int workers = 0;
   UpstreamSettings upstream;
@@ -210,7 +255,8 @@ std::shared_ptr<const Settings> load_file(const std::string& path);
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name);
 
 // The effective configuration as YAML, every key present, secrets masked
-// (database password in URL/conninfo, admin.token).
+// (database password in URL/conninfo, admin.token). Key and certificate files are named
+// by path; their contents are never read here.
 std::string render_effective(const Settings& s);
 
 // database.url with the password replaced by "****": the user:password part of a URI, its

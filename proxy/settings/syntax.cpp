@@ -355,15 +355,11 @@ void parse_upstream_url(std::string_view url, UpstreamSettings& out) {
   const auto scheme_end = url.find("://");
   const std::string scheme =
       text::lowercase(url.substr(0, scheme_end == std::string_view::npos ? 0 : scheme_end));
-  if (scheme == "https") {
-    throw SyntaxError(
-        "https upstreams are not supported: the sidecar speaks plain HTTP to a backend beside "
-        "it (use http://, or let a local TLS proxy originate the TLS connection)");
-  }
-  if (scheme != "http") {
+  if (scheme != "http" && scheme != "https") {
     throw SyntaxError("invalid upstream url '" + std::string(url) +
-                      "': expected http://host[:port][/path]");
+                      "': expected http[s]://host[:port][/path]");
   }
+  const bool https = scheme == "https";
   const auto rest = url.substr(scheme_end + 3);
   if (rest.find_first_of("?#") != std::string_view::npos) {
     throw SyntaxError("the upstream url cannot carry a query or fragment");
@@ -375,7 +371,7 @@ void parse_upstream_url(std::string_view url, UpstreamSettings& out) {
   }
   if (authority.empty()) throw SyntaxError("the upstream url has no host");
   auto hp = split_host_port(authority);
-  const std::uint16_t port = hp.port ? parse_port(*hp.port, 1) : 80;
+  const std::uint16_t port = hp.port ? parse_port(*hp.port, 1) : (https ? 443 : 80);
   std::string base(slash == std::string_view::npos ? std::string_view{} : rest.substr(slash));
   if (!std::all_of(base.begin(), base.end(), is_visible_or_utf8)) {
     throw SyntaxError("the upstream url path contains spaces or control characters");
@@ -384,6 +380,7 @@ void parse_upstream_url(std::string_view url, UpstreamSettings& out) {
   // "/api//orders".
   while (!base.empty() && base.back() == '/') base.pop_back();
   out.url = std::string(url);
+  out.https = https;
   out.host = std::move(hp.host);
   out.port = port;
   out.base_path = std::move(base);

@@ -16,6 +16,9 @@ struct MemoryStore::Row {
   Clock::time_point created_at;
   std::optional<Clock::time_point> completed_at;
   Clock::time_point expires_at;
+  // The counterpart of an idempotency_operations entry: it goes with the row (a new claim
+  // of the key creates a new Row, unregistered, as PostgreSQL's cascade leaves it).
+  bool operation_registered = false;
 };
 
 namespace {
@@ -72,13 +75,8 @@ asio::awaitable<result<ClaimResult>> MemoryStore::claim(const ClaimRequest& req)
   co_return ClaimResult{true, owner};
 }
 
-asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId& id) {
-  std::lock_guard lock(mutex_);
-  if (unavailable_) co_return unavailable<std::optional<Record>>();
-  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
-  if (it == rows_.end()) co_return std::optional<Record>{};
-  const Row& row = *it->second;
-  const auto now = now_();
+// The record a read sees, as of `now`.
+Record MemoryStore::record_of(const Row& row, Clock::time_point now) {
   Record rec;
   rec.fingerprint = row.fingerprint;
   rec.principal = row.principal;
@@ -99,7 +97,15 @@ asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId&
   rec.completed_at_us = row.completed_at ? epoch_us(*row.completed_at) : 0;
   rec.expires_at_us = epoch_us(row.expires_at);
   rec.lease_expires_at_us = row.lease_expires_at ? epoch_us(*row.lease_expires_at) : 0;
-  co_return std::optional<Record>{std::move(rec)};
+  return rec;
+}
+
+asio::awaitable<result<std::optional<Record>>> MemoryStore::read(const RecordId& id) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<Record>>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return std::optional<Record>{};
+  co_return std::optional<Record>{record_of(*it->second, now_())};
 }
 
 asio::awaitable<result<std::optional<Ownership>>> MemoryStore::take_over(
@@ -144,6 +150,7 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
   fresh.lease_expires_at = now + req.lease;
   fresh.created_at = now;
   fresh.expires_at = now + std::max(req.retention, req.lease);
+  fresh.operation_registered = row.operation_registered;  // an UPDATE keeps the entry
   row = std::move(fresh);
   co_return std::optional<Ownership>{
       Ownership{row.attempt, row.fence, epoch_us(row.created_at), epoch_us(row.expires_at)}};
@@ -251,6 +258,33 @@ asio::awaitable<result<std::optional<Millis>>> MemoryStore::oldest_in_progress_a
   }
   if (!oldest) co_return std::optional<Millis>{};
   co_return std::optional<Millis>{std::chrono::ceil<Millis>(now_() - *oldest)};
+}
+
+asio::awaitable<result<bool>> MemoryStore::register_operation(const RecordId& id,
+                                                             std::string_view operation_id) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<bool>();
+  auto it = rows_.find(Key{id.tenant, id.endpoint, id.key});
+  if (it == rows_.end()) co_return false;
+  it->second->operation_registered = true;
+  operations_[{id.tenant, std::string(operation_id)}] = it->first;
+  co_return true;
+}
+
+asio::awaitable<result<std::optional<OperationRecord>>> MemoryStore::find_operation(
+    std::string_view tenant, std::string_view operation_id) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<std::optional<OperationRecord>>();
+  auto op = operations_.find({std::string(tenant), std::string(operation_id)});
+  if (op == operations_.end()) co_return std::optional<OperationRecord>{};
+  auto it = rows_.find(op->second);
+  if (it == rows_.end() || !it->second->operation_registered) {
+    operations_.erase(op);  // its record went, and the entry with it
+    co_return std::optional<OperationRecord>{};
+  }
+  const auto& [t, endpoint, key] = it->first;
+  co_return std::optional<OperationRecord>{
+      OperationRecord{RecordId{t, endpoint, key}, record_of(*it->second, now_())}};
 }
 
 }  // namespace idem::store

@@ -6,6 +6,9 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
+#include <utility>
 #include <tuple>
 
 #include "store/store.hpp"
@@ -40,15 +43,21 @@ class MemoryStore final : public Store {
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+  asio::awaitable<result<bool>> register_operation(const RecordId& id,
+                                                   std::string_view operation_id) override;
+  asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) override;
 
  private:
   struct Row;
   using Key = std::tuple<std::string, std::string, std::string>;
   using Rows = std::map<Key, std::shared_ptr<Row>>;
   Rows::iterator find_owned(const RecordId& id, std::int64_t fence);
+  static Record record_of(const Row& row, Clock::time_point now);
   Now now_;
   mutable std::mutex mutex_;
   Rows rows_;
+  std::map<std::pair<std::string, std::string>, Key> operations_;  // (tenant, operation id)
   // The counterpart of the idempotency_fencing_tokens sequence: one counter for every key,
   // never reset, so a token is never handed out twice.
   std::int64_t last_fence_ = 0;

@@ -11,6 +11,7 @@
 #include <openssl/evp.h>
 
 #include "common/text.hpp"
+#include "pg/host_list.hpp"
 
 namespace idem::store {
 
@@ -79,26 +80,45 @@ std::string scrubbed(std::string message, const std::vector<std::string>& secret
   return message;
 }
 
+// One host at a time, as the pool does (pg/host_list.hpp): libpq's blocking connect
+// would stop at the first server that answers with an error (a standby out of connection
+// slots, say), never trying the primary listed after it.
 ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
   const auto secrets = conninfo_secrets(conninfo);
   // libpq's connect_timeout is whole seconds (and at least 2 in effect); round up so a
-  // sub-second setting still bounds the wait. Later keywords override the expanded
-  // conninfo, so this one wins over a connect_timeout inside the URL.
+  // sub-second setting still bounds the wait. It bounds each host, as in libpq.
   const auto seconds = std::max<long long>(1, (connect_timeout.count() + 999) / 1000);
   const std::string timeout = std::to_string(seconds);
-  const char* const keys[] = {"dbname", "connect_timeout", "fallback_application_name",
-                              nullptr};
-  const char* const values[] = {conninfo.c_str(), timeout.c_str(), "idemproxy-migrate",
-                                nullptr};
-  ConnPtr conn(PQconnectdbParams(keys, values, 1));
-  if (!conn) throw std::runtime_error("cannot connect to PostgreSQL: out of memory");
-  if (PQstatus(conn.get()) != CONNECTION_OK) {
-    throw std::runtime_error("cannot connect to PostgreSQL: " +
-                             scrubbed(trimmed_message(PQerrorMessage(conn.get())), secrets));
+  std::string parse_error;
+  const auto attempts = pg::connect_attempts(conninfo, parse_error);
+  if (attempts.empty()) {
+    throw std::runtime_error("cannot connect to PostgreSQL: the connection string does not parse");
   }
-  // CREATE TABLE IF NOT EXISTS and friends raise NOTICEs that would go to stderr.
-  PQsetNoticeProcessor(conn.get(), &discard_notice, nullptr);
-  return conn;
+  std::string messages;
+  for (const auto& attempt : attempts) {
+    std::vector<const char*> keys, values;
+    for (const auto& [k, v] : attempt) {
+      if (k == "connect_timeout" || k == "fallback_application_name") continue;
+      keys.push_back(k.c_str());
+      values.push_back(v.c_str());
+    }
+    keys.push_back("connect_timeout");
+    values.push_back(timeout.c_str());
+    keys.push_back("fallback_application_name");
+    values.push_back("idemproxy-migrate");
+    keys.push_back(nullptr);
+    values.push_back(nullptr);
+    ConnPtr conn(PQconnectdbParams(keys.data(), values.data(), 0));
+    if (!conn) throw std::runtime_error("cannot connect to PostgreSQL: out of memory");
+    if (PQstatus(conn.get()) == CONNECTION_OK) {
+      // CREATE TABLE IF NOT EXISTS and friends raise NOTICEs that would go to stderr.
+      PQsetNoticeProcessor(conn.get(), &discard_notice, nullptr);
+      return conn;
+    }
+    if (!messages.empty()) messages += "; ";
+    messages += scrubbed(trimmed_message(PQerrorMessage(conn.get())), secrets);
+  }
+  throw std::runtime_error("cannot connect to PostgreSQL: " + messages);
 }
 
 ResultPtr exec(PGconn* conn, const char* sql, const std::vector<std::string>& params = {},

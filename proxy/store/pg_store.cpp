@@ -37,6 +37,8 @@ constexpr const char* kExpireLease = "idem_expire_lease";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kDeleteExpired = "idem_delete_expired";
 constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
+constexpr const char* kRegisterOperation = "idem_register_operation";
+constexpr const char* kFindOperation = "idem_find_operation";
 constexpr const char* kClaimBatch = "idem_claim_batch";
 constexpr const char* kReadBatch = "idem_read_batch";
 constexpr const char* kCompleteBatch = "idem_complete_batch";
@@ -59,30 +61,56 @@ RETURNING attempt_token, fencing_token,
           (extract(epoch FROM created_at) * 1000000)::bigint,
           (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
 
-// Column order is part of the contract with decode_record() below.
-constexpr const char* kReadSql = R"sql(
-SELECT request_fingerprint,
-       principal,
-       state,
-       attempt_token,
-       fencing_token,
-       (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,
-       (expires_at <= now()) AS expired,
-       CASE WHEN state = 'in_progress' AND lease_expires_at > now()
-            THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint
-            ELSE 0 END AS lease_remaining_ms,
-       response_status,
-       response_headers::text,
-       response_body,
-       response_body_omitted,
-       resource_id,
-       (extract(epoch FROM created_at) * 1000000)::bigint,
-       (extract(epoch FROM completed_at) * 1000000)::bigint,
-       (extract(epoch FROM expires_at) * 1000000)::bigint,
-       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
-       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint
+// Column order is part of the contract with decode_record() below. A macro, so that the
+// lookup by operation id reads exactly the same columns.
+#define IDEM_RECORD_COLUMNS \
+  "request_fingerprint,\n" \
+  "       principal,\n" \
+  "       state,\n" \
+  "       attempt_token,\n" \
+  "       fencing_token,\n" \
+  "       (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,\n" \
+  "       (expires_at <= now()) AS expired,\n" \
+  "       CASE WHEN state = 'in_progress' AND lease_expires_at > now()\n" \
+  "       THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint\n" \
+  "       ELSE 0 END AS lease_remaining_ms,\n" \
+  "       response_status,\n" \
+  "       response_headers::text,\n" \
+  "       response_body,\n" \
+  "       response_body_omitted,\n" \
+  "       resource_id,\n" \
+  "       (extract(epoch FROM created_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM completed_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM expires_at) * 1000000)::bigint,\n" \
+  "       (extract(epoch FROM lease_expires_at) * 1000000)::bigint,\n" \
+  "       GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint\n"
+
+constexpr const char* kReadSql = "SELECT " IDEM_RECORD_COLUMNS R"sql(
 FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
+
+// Long operations: an operation id registered for a record that exists (a record released
+// since has nothing to register; its cascade would remove the entry anyway). ON CONFLICT:
+// a duplicate's 202 registers the id the owner's registered already.
+constexpr const char* kRegisterOperationSql = R"sql(
+WITH registered AS (
+  INSERT INTO idempotency_operations (tenant_id, operation_id, endpoint, idempotency_key)
+  SELECT $1, $4, $2, $3
+  WHERE EXISTS (SELECT 1 FROM idempotency_requests
+                WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)
+  ON CONFLICT (tenant_id, operation_id) DO NOTHING
+  RETURNING 1)
+SELECT EXISTS (SELECT 1 FROM idempotency_requests
+               WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3))sql";
+
+// The record of an operation id, within one tenant; its endpoint and key come last, after
+// the columns decode_record() reads.
+constexpr const char* kFindOperationSql = "SELECT " IDEM_RECORD_COLUMNS R"sql(,
+       endpoint, idempotency_key
+FROM idempotency_operations
+JOIN idempotency_requests USING (tenant_id, endpoint, idempotency_key)
+WHERE tenant_id = $1 AND operation_id = $2)sql";
+#undef IDEM_RECORD_COLUMNS
 
 // Compare-and-swap on the fencing token the caller saw: of several duplicates that all saw
 // the same expired lease, the row lock lets exactly one UPDATE match; the others re-check
@@ -197,16 +225,22 @@ WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 // collected into an array first: "ctid = ANY(ARRAY(...))" runs the sub-select once as an
 // InitPlan and always deletes by TID scan, whereas "ctid IN (SELECT ...)" leaves the join
 // strategy to the planner (a hash join would scan the whole table). The sub-select walks
-// the expires_at index. The outer predicate is re-checked because it costs nothing and
-// keeps the DELETE correct on its own.
+// the expires_at index. A ctid names a row only within one table: on a table partitioned
+// by tenant (migrations/optional/partition_by_tenant.sql) the same ctid is a row in each
+// partition, so the pair (tableoid, ctid) picks the locked rows out of the TID scans;
+// without it a batch deletes up to one row per partition for each row it locked. The
+// outer predicate is re-checked because it costs nothing and keeps the DELETE correct on
+// its own.
 constexpr const char* kDeleteExpiredSql = R"sql(
+WITH doomed AS MATERIALIZED (
+  SELECT tableoid AS rel, ctid AS tid FROM idempotency_requests
+  WHERE expires_at <= now()
+    AND (state = 'completed' OR lease_expires_at <= now())
+  LIMIT $1::bigint
+  FOR UPDATE SKIP LOCKED)
 DELETE FROM idempotency_requests
-WHERE ctid = ANY(ARRAY(
-        SELECT ctid FROM idempotency_requests
-        WHERE expires_at <= now()
-          AND (state = 'completed' OR lease_expires_at <= now())
-        LIMIT $1::bigint
-        FOR UPDATE SKIP LOCKED))
+WHERE ctid = ANY(ARRAY(SELECT tid FROM doomed))
+  AND (tableoid, ctid) IN (SELECT rel, tid FROM doomed)
   AND expires_at <= now()
   AND (state = 'completed' OR lease_expires_at <= now()))sql";
 
@@ -253,7 +287,10 @@ RETURNING tenant_id, endpoint, idempotency_key, attempt_token, fencing_token,
 
 // kReadSql for many keys, sent after kClaimBatchSql in the same pipeline: a statement of
 // its own, so it sees every row committed before it started, as the single read does.
-// The columns are kReadSql's, in its order (decode_record()), then the key. A LATERAL
+// The columns are IDEM_RECORD_COLUMNS (kReadSql's), in that order (decode_record()),
+// spelled out so that tools can take this statement from the source as it stands
+// (integration/bench/explain-batches); the batched conformance suite proves them equal.
+// Then the key. A LATERAL
 // subquery per key rather than a join: the planner can only run it as a nested loop over
 // the keys with the full primary key as the index condition, whatever it believes about
 // the table's size or the number of keys (a hash join over a scanned prefix of the key
@@ -350,9 +387,10 @@ enum ReadColumn {
   kReadColumns
 };
 
-// Row `row` of a kReadSql result; a kReadBatchSql row has the key after these columns.
-result<Record> decode_record(const pg::Result& r, int row = 0, int extra_columns = 0) {
-  if (r.columns() != kReadColumns + extra_columns) return bad_row();
+// Reads the columns of IDEM_RECORD_COLUMNS in row `row`, which come first (a lookup may
+// add its own after: kFindOperationSql, kReadBatchSql).
+result<Record> decode_record(const pg::Result& r, int row = 0) {
+  if (r.columns() < kReadColumns) return bad_row();
   Record rec;
   rec.fingerprint = std::string(r.value(row, kColFingerprint));
   rec.principal = std::string(r.value(row, kColPrincipal));
@@ -438,6 +476,8 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kPurge, kPurgeSql},
       {kDeleteExpired, kDeleteExpiredSql},
       {kOldestInProgress, kOldestInProgressSql},
+      {kRegisterOperation, kRegisterOperationSql},
+      {kFindOperation, kFindOperationSql},
       {kClaimBatch, kClaimBatchSql},
       {kReadBatch, kReadBatchSql},
       {kCompleteBatch, kCompleteBatchSql},
@@ -729,7 +769,7 @@ void answer_claims(PgStore::Core& core, const ClaimPlan& plan,
   if (plan.with_read) {
     const pg::Result& read = results[1];
     for (int row = 0; row < read.rows(); ++row) {
-      auto rec = decode_record(read, row, 3);
+      auto rec = decode_record(read, row);
       if (!rec) return fail_all(rec.error());
       rows.emplace(full_key(read, row, kReadColumns), std::move(*rec));
     }
@@ -1073,6 +1113,36 @@ asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age()
   const auto ms = r->int64(0, 0);
   if (!ms) co_return bad_row();
   co_return std::optional<Millis>{Millis{*ms}};
+}
+
+asio::awaitable<result<bool>> PgStore::register_operation(const RecordId& id,
+                                                         std::string_view operation_id) {
+  auto params = key_params(id, {pg::Param::text(operation_id)});
+  auto r = co_await core_->pool->execute(kRegisterOperation, std::move(params));
+  if (!r) {
+    // The record was deleted between the EXISTS and the insert's key check: nothing to
+    // register, as if it had gone a moment earlier.
+    if (pg::sqlstate(r.error()) == "23503") co_return false;
+    co_return failed<bool>(r.error());
+  }
+  const auto exists = r->rows() == 1 ? r->boolean(0, 0) : std::nullopt;
+  if (!exists) co_return result<bool>(boost::system::in_place_error, bad_row());
+  co_return *exists;  // true: inserted, or registered already (ON CONFLICT)
+}
+
+asio::awaitable<result<std::optional<OperationRecord>>> PgStore::find_operation(
+    std::string_view tenant, std::string_view operation_id) {
+  std::vector<pg::Param> params{pg::Param::text(tenant), pg::Param::text(operation_id)};
+  auto r = co_await core_->pool->execute(kFindOperation, std::move(params));
+  if (!r) co_return failed<std::optional<OperationRecord>>(r.error());
+  if (r->rows() == 0) co_return std::optional<OperationRecord>{};
+  if (r->columns() != kReadColumns + 2) co_return bad_row();
+  auto rec = decode_record(*r);
+  if (!rec) co_return rec.error();
+  OperationRecord found{RecordId{std::string(tenant), std::string(r->value(0, kReadColumns)),
+                                 std::string(r->value(0, kReadColumns + 1))},
+                        std::move(*rec)};
+  co_return std::optional<OperationRecord>{std::move(found)};
 }
 
 }  // namespace idem::store

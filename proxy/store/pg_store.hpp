@@ -68,6 +68,10 @@ class PgStore final : public Store {
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+  asio::awaitable<result<bool>> register_operation(const RecordId& id,
+                                                   std::string_view operation_id) override;
+  asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) override;
 
   // How many claim and completion statements were sent as batches, and how many calls
   // they carried (calls sent alone are not counted): for tests and measurements.

@@ -83,6 +83,12 @@ struct Completed {
   friend bool operator==(const Completed& c, Completion o) { return c.outcome == o; }
 };
 
+// A record found by its operation id (Store::find_operation).
+struct OperationRecord {
+  RecordId id;
+  Record record;
+};
+
 struct ClaimRequest {
   RecordId id;
   std::string fingerprint;

@@ -10,6 +10,7 @@
 // write) are values; errors (errc::store_*) mean the store could not answer.
 #include <cstdint>
 #include <optional>
+#include <string_view>
 
 #include <boost/asio/awaitable.hpp>
 
@@ -72,6 +73,16 @@ class Store {
 
   // Age of the oldest in_progress row (now - created_at); nullopt when there is none.
   virtual asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() = 0;
+
+  // Long operations (routes with `async`): the way back from an operation id (the SHA-256
+  // of tenant, endpoint and key, idempotency::operation_id) to its record, for the status
+  // resource. Registered only when a 202 is about to go out; an entry goes with its record
+  // (release, purge, cleanup). false = there is no record to register.
+  virtual asio::awaitable<result<bool>> register_operation(const RecordId& id,
+                                                           std::string_view operation_id) = 0;
+  // Scoped by tenant: another tenant's operation id finds nothing, like an unknown one.
+  virtual asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) = 0;
 };
 
 }  // namespace idem::store

@@ -5,6 +5,7 @@
 // decision depends on it.
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,8 @@ struct Outcome {
   bool reused_connection = false;
 };
 
+struct ClientTls;  // upstream/tls.hpp
+
 struct PoolOptions {
   std::string host;
   std::uint16_t port = 80;
@@ -44,6 +47,10 @@ struct PoolOptions {
   std::size_t max_response_header = 64u << 10;
   std::size_t max_idle = 64;   // idle connections kept per pool
   Millis idle_ttl{30000};      // idle connections older than this are closed, not reused
+  // https: the TLS settings for the next new connection (upstream/tls.hpp), read once per
+  // connect so a reload applies to new connections. Empty: plain HTTP. A failed
+  // handshake is connect_failed: no request byte was sent.
+  std::function<std::shared_ptr<const ClientTls>()> tls;
 };
 
 class Client {

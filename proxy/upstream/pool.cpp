@@ -17,6 +17,7 @@
 #include "common/http_head.hpp"
 #include "common/message_parser.hpp"
 #include "upstream/client.hpp"
+#include "upstream/tls.hpp"
 
 #include <sys/socket.h>
 
@@ -37,12 +38,19 @@
 #include <boost/beast/http/error.hpp>
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/read.hpp>
+#include <boost/beast/ssl/ssl_stream.hpp>
+#include <openssl/ssl.h>
+#include <spdlog/spdlog.h>
 
 namespace idem::upstream {
 namespace {
 
 using tcp = asio::ip::tcp;
+using TlsStream = beast::ssl_stream<tcp::socket>;
 constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
+// A backend whose certificate fails verification fails every connect: one warning per
+// this period per pool says so without a line per request.
+constexpr Millis kTlsWarningPeriod{10000};
 // Above this, a pooled connection gives its buffers back before going idle.
 constexpr std::size_t kKeepBufferBytes = 64 * 1024;
 // The read buffer never holds more unparsed input than the header limit plus this: body
@@ -70,7 +78,9 @@ std::string host_header(const std::string& bare_host, std::uint16_t port) {
 // a backend that crashed mid-request. A non-blocking peek tells the two apart up front:
 // EOF or an error means closed; unsolicited bytes (e.g. a 408 the backend sent on its own)
 // mean the connection is out of step. Only "nothing to read yet" is healthy.
-bool still_usable(tcp::socket& socket) noexcept {
+bool still_usable(tcp::socket& socket, TlsStream* tls) noexcept {
+  // Decrypted bytes the TLS layer holds past the response are stray bytes too.
+  if (tls && SSL_pending(tls->native_handle()) > 0) return false;
   char probe;
   for (;;) {
     const auto n = ::recv(socket.native_handle(), &probe, 1, MSG_PEEK | MSG_DONTWAIT);
@@ -122,12 +132,18 @@ void append_request_head(std::string& out, const Request& req) {
 // next) fails at once.
 class Connection {
  public:
-  explicit Connection(const asio::any_io_executor& ex)
-      : socket(ex), deadline_(ex, [this] {
+  // With `tls`, the connection is a TLS stream over its own socket (ssl_stream, whose
+  // writes are coalesced into one record); `plain` then stays unused.
+  Connection(const asio::any_io_executor& ex, const ClientTls* tls)
+      : plain(ex),
+        tls_stream(tls ? std::make_unique<TlsStream>(ex, *tls->context) : nullptr),
+        deadline_(ex, [this] {
           error_code ignored;
-          socket.cancel(ignored);
-          socket.shutdown(tcp::socket::shutdown_both, ignored);
+          socket().cancel(ignored);
+          socket().shutdown(tcp::socket::shutdown_both, ignored);
         }) {}
+
+  tcp::socket& socket() noexcept { return tls_stream ? tls_stream->next_layer() : plain; }
 
   void arm(SteadyClock::time_point deadline) { deadline_.arm(deadline); }
   void disarm() noexcept { deadline_.disarm(); }
@@ -137,10 +153,11 @@ class Connection {
   void close() noexcept {
     deadline_.stop();
     error_code ignored;
-    socket.close(ignored);
+    socket().close(ignored);
   }
 
-  tcp::socket socket;
+  tcp::socket plain;
+  std::unique_ptr<TlsStream> tls_stream;
   beast::flat_buffer buffer;  // bytes read past a response (none when pooled)
   std::string head;           // the request head being written
   SteadyClock::time_point since;  // when it went idle
@@ -173,6 +190,7 @@ struct Pool::Impl {
 
   asio::awaitable<error_code> ensure_endpoints();
   asio::awaitable<ConnectionPtr> connect(SteadyClock::time_point deadline);
+  asio::awaitable<bool> handshake(Connection& conn, const ClientTls& tls);
   asio::awaitable<void> read_response(ConnectionPtr& conn, bool head, Outcome& out);
   ConnectionPtr take_idle();
   void give_back(ConnectionPtr conn);
@@ -194,6 +212,7 @@ struct Pool::Impl {
   bool sweep_scheduled = false;
   // Tells a sweeper callback that outlived the pool not to touch it.
   std::shared_ptr<char> alive = std::make_shared<char>();
+  SteadyClock::time_point last_tls_warning{};
 };
 
 asio::awaitable<error_code> Pool::Impl::ensure_endpoints() {
@@ -224,7 +243,7 @@ ConnectionPtr Pool::Impl::take_idle() {
   while (!idle.empty()) {
     ConnectionPtr conn = std::move(idle.back());
     idle.pop_back();
-    if (still_usable(conn->socket)) return conn;
+    if (still_usable(conn->socket(), conn->tls_stream.get())) return conn;
     conn->close();
   }
   return nullptr;
@@ -309,7 +328,9 @@ asio::awaitable<Failure> write_request(Connection& conn, const Request& request)
   append_request_head(conn.head, request);
   const std::array<asio::const_buffer, 2> request_bytes{asio::buffer(conn.head),
                                                         asio::buffer(request.body())};
-  auto [wec, written] = co_await asio::async_write(conn.socket, request_bytes, use_tuple);
+  auto [wec, written] = conn.tls_stream
+                            ? co_await asio::async_write(*conn.tls_stream, request_bytes, use_tuple)
+                            : co_await asio::async_write(conn.plain, request_bytes, use_tuple);
   if (!wec && !conn.timed_out()) co_return Failure::none;
   if (written == 0) co_return Failure::connect_failed;
   co_return conn.timed_out() ? Failure::timeout : Failure::broken;
@@ -323,13 +344,14 @@ asio::awaitable<ConnectionPtr> Pool::Impl::connect(SteadyClock::time_point deadl
   if (const auto ec = co_await ensure_endpoints()) co_return nullptr;
   // A copy: another exchange may clear the shared list while this connect is running.
   const std::vector<tcp::endpoint> candidates = endpoints;
-  auto conn = std::make_shared<Connection>(executor);
+  const auto tls = options.tls ? options.tls() : nullptr;
+  auto conn = std::make_shared<Connection>(executor, tls.get());
   conn->arm(std::min(deadline, SteadyClock::now() + options.connect_timeout));
   // The condition stops the walk through the candidates once the deadline passed.
   const auto in_time = [c = conn.get()](const error_code&, const tcp::endpoint&) {
     return !c->timed_out();
   };
-  auto [ec, endpoint] = co_await asio::async_connect(conn->socket, candidates, in_time, use_tuple);
+  auto [ec, endpoint] = co_await asio::async_connect(conn->socket(), candidates, in_time, use_tuple);
   if (ec || conn->timed_out()) {
     conn->close();
     // The name may now point elsewhere (a redeployed backend): look it up again next time.
@@ -337,8 +359,27 @@ asio::awaitable<ConnectionPtr> Pool::Impl::connect(SteadyClock::time_point deadl
     co_return nullptr;
   }
   error_code ignored;
-  conn->socket.set_option(tcp::no_delay(true), ignored);
+  conn->socket().set_option(tcp::no_delay(true), ignored);
+  // The handshake belongs to the connect: under its deadline, and a failure sent nothing.
+  if (tls && !co_await handshake(*conn, *tls)) {
+    conn->close();
+    co_return nullptr;
+  }
   co_return conn;
+}
+
+asio::awaitable<bool> Pool::Impl::handshake(Connection& conn, const ClientTls& tls) {
+  if (!prepare_connection(conn.tls_stream->native_handle(), tls)) co_return false;
+  auto [ec] = co_await conn.tls_stream->async_handshake(asio::ssl::stream_base::client, use_tuple);
+  if (!ec && !conn.timed_out()) co_return true;
+  const auto now = SteadyClock::now();
+  if (now - last_tls_warning >= kTlsWarningPeriod) {
+    last_tls_warning = now;
+    spdlog::warn("TLS handshake with the upstream {} (name {}) failed: {}", host_value, tls.server_name,
+                 conn.timed_out() ? std::string("timed out")
+                                  : handshake_failure(conn.tls_stream->native_handle(), ec));
+  }
+  co_return false;
 }
 
 // Reads the final response (interim 1xx skipped) into `out`, and gives the connection
@@ -353,7 +394,9 @@ asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, 
         std::min<std::size_t>(options.max_response_header, UINT32_MAX)));
     parser.body_limit(options.max_response_body);
     if (head) parser.skip(true);  // a HEAD response carries a length but no body
-    auto [rec, n] = co_await http::async_read(conn->socket, conn->buffer, parser, use_tuple);
+    auto [rec, n] = conn->tls_stream
+                        ? co_await http::async_read(*conn->tls_stream, conn->buffer, parser, use_tuple)
+                        : co_await http::async_read(conn->plain, conn->buffer, parser, use_tuple);
     if (conn->timed_out()) {
       out.failure = Failure::timeout;
       co_return;

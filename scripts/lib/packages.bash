@@ -1,5 +1,5 @@
-# Sourced by scripts/test and scripts/demo: the Debian 12 packages they need, and the one
-# way they install what is missing.
+# Sourced by scripts/test, scripts/fuzz and scripts/demo: the Debian 12 packages they need,
+# and the one way they install what is missing.
 #
 #   source "$root/scripts/lib/packages.bash"
 #   idem_ensure_packages scripts/test "$install" "${idem_build_packages[@]}" ...
@@ -15,8 +15,16 @@ idem_build_packages=(
   libboost1.81-dev libboost-json1.81-dev
   libpq-dev libssl-dev libyaml-cpp-dev libspdlog-dev doctest-dev
 )
+# scripts/fuzz: clang and its libFuzzer/sanitizer runtimes, llvm-profdata/llvm-cov for
+# --coverage (Debian 12's LLVM 14; the fuzz build uses clang++-14 explicitly).
+idem_fuzz_packages=(clang-14 libclang-rt-14-dev llvm-14)
 # The throwaway server of the tests and the demo (scripts/lib/pg-up), and psql.
 idem_postgres_packages=(postgresql-15 postgresql-client-15)
+# The throwaway pg_auto_failover cluster of the failover run (scripts/lib/paf-up).
+idem_failover_packages=(postgresql-15-auto-failover pg-auto-failover-cli)
+# Clients the end-to-end tests drive the sidecar with besides their own (curl over TLS:
+# integration/suites/security_tls_test.cpp).
+idem_test_tool_packages=(curl)
 
 # idem_ensure_packages CALLER INSTALL PACKAGE...
 #   Installs the PACKAGEs that are missing with apt-get, as root or through sudo. With

@@ -75,6 +75,14 @@ class HangingStore final : public store::Store {
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override {
     return hang<std::optional<Millis>>();
   }
+  asio::awaitable<result<bool>> register_operation(const store::RecordId&,
+                                                   std::string_view) override {
+    return hang<bool>();
+  }
+  asio::awaitable<result<std::optional<store::OperationRecord>>> find_operation(
+      std::string_view, std::string_view) override {
+    return hang<std::optional<store::OperationRecord>>();
+  }
 };
 
 struct Fixture {

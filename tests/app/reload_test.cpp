@@ -103,3 +103,86 @@ TEST_CASE("reload: the replay cache switches only with a running change feed") {
     CHECK(lists(plan, "replay_cache.enabled"));
   }
 }
+
+// --- TLS and verified identity -------------------------------------------------------------
+
+namespace {
+
+settings::Settings with_tls(settings::Settings s) {
+  s.tls = settings::ListenerTls{"/etc/tls/server.pem", "/etc/tls/server.key", ""};
+  s.upstream.url = "https://orders.internal:8443";
+  s.upstream.https = true;
+  s.upstream.host = "orders.internal";
+  s.upstream.port = 8443;
+  s.upstream.tls.ca_file = "/etc/tls/ca.pem";
+  s.tenant.from = settings::TenantSource::jwt;
+  s.tenant.jwt.jwks_file = "/etc/idemproxy/jwks.json";
+  s.tenant.jwt.issuers = {"https://idp.example/"};
+  s.tenant.jwt.audiences = {"orders-api"};
+  s.tenant.jwt.tenant_claim = "tenant";
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("reload: TLS files, upstream.tls and the JWT settings apply at once") {
+  const auto running = with_tls(base());
+  auto next = with_tls(base());
+  next.tls->cert_file = "/etc/tls/rotated.pem";
+  next.tls->key_file = "/etc/tls/rotated.key";
+  next.tls->client_ca_file = "/etc/tls/clients.pem";
+  next.upstream.tls.ca_file = "/etc/tls/new-ca.pem";
+  next.upstream.tls.server_name = "orders.example";
+  next.tenant.jwt.jwks_file = "/etc/idemproxy/jwks-2.json";
+  next.tenant.jwt.audiences = {"orders-api", "orders-api-v2"};
+  next.tenant.jwt.leeway = Millis{5000};
+  const auto plan = app::plan_reload(next, running, true);
+  CHECK(plan.restart_only.empty());
+  const auto& e = *plan.effective;
+  CHECK(e.tls->cert_file == "/etc/tls/rotated.pem");
+  CHECK(e.tls->client_ca_file == "/etc/tls/clients.pem");
+  CHECK(e.upstream.tls.ca_file == "/etc/tls/new-ca.pem");
+  CHECK(e.upstream.tls.server_name == "orders.example");
+  CHECK(e.tenant.jwt.jwks_file == "/etc/idemproxy/jwks-2.json");
+  CHECK(e.tenant.jwt.audiences.size() == 2);
+  CHECK(e.tenant.jwt.leeway == Millis{5000});
+}
+
+TEST_CASE("reload: TLS on or off, another identity mode, another upstream scheme wait for a restart") {
+  const auto running = with_tls(base());
+  auto next = base();  // plain listener, http upstream, tenant from header
+  const auto plan = app::plan_reload(next, running, true);
+  for (const char* key : {"tls", "tenant.from", "upstream"}) {
+    CAPTURE(key);
+    CHECK(lists(plan, key));
+  }
+  const auto& e = *plan.effective;
+  REQUIRE(e.tls.has_value());
+  CHECK(e.tls->cert_file == "/etc/tls/server.pem");
+  CHECK(e.tenant.from == settings::TenantSource::jwt);
+  CHECK(e.tenant.jwt.jwks_file == "/etc/idemproxy/jwks.json");  // verification never dropped
+  CHECK(e.upstream.https);
+  CHECK(e.upstream.tls.ca_file == "/etc/tls/ca.pem");
+
+  // The other way: a running plain sidecar is not switched to TLS or jwt by a reload.
+  const auto back = app::plan_reload(with_tls(base()), base(), true);
+  CHECK(lists(back, "tls"));
+  CHECK(lists(back, "tenant.from"));
+  CHECK_FALSE(back.effective->tls.has_value());
+  CHECK(back.effective->tenant.from == settings::TenantSource::header);
+}
+
+TEST_CASE("reload: mtls keeps the client CA it needs") {
+  auto running = base();
+  running.tls = settings::ListenerTls{"/c.pem", "/k.pem", "/clients.pem"};
+  running.tenant.from = settings::TenantSource::mtls;
+  running.tenant.mtls.uri_prefix = "spiffe://orders.example/tenant/";
+  auto next = running;
+  next.tls->client_ca_file.clear();
+  next.tenant.from = settings::TenantSource::header;  // itself restart-only
+  const auto plan = app::plan_reload(next, running, true);
+  CHECK(lists(plan, "tenant.from"));
+  CHECK(lists(plan, "tls.client_ca_file"));
+  CHECK(plan.effective->tls->client_ca_file == "/clients.pem");
+  CHECK(plan.effective->tenant.from == settings::TenantSource::mtls);
+}

@@ -170,6 +170,15 @@ class ProbeStore final : public store::Store {
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override {
     return inner_.oldest_in_progress_age();
   }
+  asio::awaitable<result<bool>> register_operation(const store::RecordId& id,
+                                                   std::string_view op) override {
+    return inner_.register_operation(id, op);
+  }
+  asio::awaitable<result<std::optional<store::OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view op) override {
+    ++finds;
+    return inner_.find_operation(tenant, op);
+  }
 
   bool read_along = false;
   int commit_then_fail_completes = 0;
@@ -177,6 +186,7 @@ class ProbeStore final : public store::Store {
   int rows_handed_over = 0;  // lost claims that came with their row
   int reads = 0;             // separate read() calls
   int completes = 0;
+  int finds = 0;
 
  private:
   store::Store& inner_;
@@ -1456,4 +1466,196 @@ TEST_CASE("reconcile: not known, nothing is forwarded and the next retry asks ag
   REQUIRE(f.upstream.calls.size() == 3);
   CHECK(f.upstream.calls[2].method() == http::verb::get);
   CHECK(f.upstream.calls[2]["X-Idempotency-Attempt"] == "3");
+}
+
+// ---- Long operations: 202 Accepted and the status resource ---------------------------------
+
+namespace {
+
+void use_async(Fixture& f, Millis after) {
+  auto& r = f.route();
+  r.async = settings::AsyncSettings{after, "/operations/{operation_id}"};
+  r.retry_after = Millis{2000};
+  f.configure(f.holder->load()->settings());
+}
+
+server::Request status_get(std::string_view location, std::string_view tenant = "t1") {
+  server::Request req{http::verb::get, location, 11};
+  req.set(http::field::host, "sidecar");
+  if (!tenant.empty()) req.set("X-Tenant-Id", tenant);
+  return req;
+}
+
+// Runs `body` as one coroutine on the fixture's loop, to its end.
+void run(Fixture& f, std::function<asio::awaitable<void>()> body) {
+  asio::co_spawn(f.ioc, std::move(body), [](std::exception_ptr e) { if (e) std::rethrow_exception(e); });
+  f.ioc.restart();
+  f.ioc.run();
+}
+
+// Polls (with a deadline, never a fixed sleep) until the gateway has no owner in flight.
+asio::awaitable<void> until_no_owner(Fixture& f) {
+  asio::steady_timer t(f.ioc);
+  for (int i = 0; i < 5000 && f.gw->owners_in_flight() > 0; ++i) {
+    t.expires_after(Millis{1});
+    co_await t.async_wait(asio::use_awaitable);
+  }
+  REQUIRE(f.gw->owners_in_flight() == 0);
+}
+
+}  // namespace
+
+TEST_CASE("async: past `after` the client gets 202 and a status resource; the operation goes on") {
+  Fixture f;
+  use_async(f, Millis{20});
+  auto gate = f.upstream.hold_next_on_own_gate();
+  run(f, [&]() -> asio::awaitable<void> {
+    auto first = co_await f.handle(Fixture::order("k1", kBody));
+    CHECK(first.result_int() == 202);
+    const std::string location(first[http::field::location]);
+    const std::string op = idempotency::operation_id("t1", "POST /orders", "k1");
+    CHECK(location == "/operations/" + op);
+    CHECK(first[http::field::retry_after] == "2");
+    CHECK(first.body().find("\"status\":\"in_progress\"") != std::string::npos);
+    CHECK(first.body().find("\"attempt\":1") != std::string::npos);
+    CHECK_FALSE(first["Idempotency-Key-Expires"].empty());
+    CHECK(f.metrics.requests("create-order", obs::Outcome::accepted) == 1);
+    CHECK(f.gw->owners_in_flight() == 1);  // the job still owns the record
+
+    auto running = co_await f.handle(status_get(location));
+    CHECK(running.result_int() == 200);
+    CHECK(running.body().find("\"status\":\"in_progress\"") != std::string::npos);
+    CHECK(running.body().find("\"attempt\":1") != std::string::npos);
+    CHECK(running.body().find("\"age_seconds\":") != std::string::npos);
+    CHECK(running[http::field::cache_control] == "no-store");
+
+    // A duplicate during the operation is pointed at the same status, not refused.
+    auto dup = co_await f.handle(Fixture::order("k1", kBody));
+    CHECK(dup.result_int() == 202);
+    CHECK(dup[http::field::location] == location);
+
+    // Another tenant asking for this id, and anyone asking for an unknown one, learn the
+    // same: nothing.
+    auto other = co_await f.handle(status_get(location, "t2"));
+    auto unknown = co_await f.handle(status_get("/operations/" + std::string(64, 'a')));
+    auto malformed = co_await f.handle(status_get("/operations/not-an-id"));
+    CHECK(other.result_int() == 404);
+    CHECK(problem_code(other) == "operation_not_found");
+    CHECK(other.body() == unknown.body());
+    CHECK(other.body() == malformed.body());
+    CHECK(other.result_int() == unknown.result_int());
+    auto anonymous = co_await f.handle(status_get(location, ""));
+    CHECK(anonymous.result_int() == 401);
+
+    gate->cancel();  // the upstream answers now
+    co_await until_no_owner(f);
+    auto done = co_await f.handle(status_get(location));
+    CHECK(done.result_int() == 303);
+    CHECK(done[http::field::location] == "/orders/ord-1");
+    CHECK(done.body().find("\"status\":\"completed\"") != std::string::npos);
+    // A retry of the request now replays the one answer.
+    auto retry = co_await f.handle(Fixture::order("k1", kBody));
+    CHECK(retry.result_int() == 201);
+    CHECK(retry["Idempotent-Replayed"] == "true");
+  });
+  CHECK(f.upstream.calls.size() == 1);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+  CHECK(row->response->status == 201);
+  CHECK(f.metrics.async_operations(obs::Outcome::created) == 1);
+}
+
+TEST_CASE("async: an upstream faster than `after` answers as usual, and registers nothing") {
+  Fixture f;
+  use_async(f, Millis{60000});
+  auto first = f.call(Fixture::order("k1", kBody));
+  CHECK(first.result_int() == 201);
+  CHECK(first[http::field::location] == "/orders/ord-1");
+  std::optional<store::OperationRecord> registered;
+  run(f, [&]() -> asio::awaitable<void> {
+    auto found = co_await f.store.find_operation("t1", idempotency::operation_id("t1", "POST /orders", "k1"));
+    REQUIRE(found.has_value());
+    registered = *found;
+  });
+  CHECK_FALSE(registered.has_value());
+  CHECK(f.metrics.requests("create-order", obs::Outcome::created) == 1);
+  CHECK(f.metrics.async_operations(obs::Outcome::created) == 0);
+}
+
+TEST_CASE("async: a completed operation without a resource answers its stored response") {
+  Fixture f;
+  use_async(f, Millis{20});
+  f.upstream.scripts.push_back([&f](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    error_code ec;
+    f.upstream.gate.expires_at(SteadyClock::time_point::max());
+    co_await f.upstream.gate.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    auto out = ScriptedUpstream::created(seq, req, 422);
+    out.response.erase(http::field::location);
+    out.response.body() = R"({"error":"out of stock"})";
+    out.response.prepare_payload();
+    co_return out;
+  });
+  run(f, [&]() -> asio::awaitable<void> {
+    auto first = co_await f.handle(Fixture::order("k1", kBody));
+    REQUIRE(first.result_int() == 202);
+    const std::string location(first[http::field::location]);
+    f.upstream.open_gate();
+    co_await until_no_owner(f);
+    auto done = co_await f.handle(status_get(location));
+    CHECK(done.result_int() == 422);
+    CHECK(done.body() == R"({"error":"out of stock"})");
+    CHECK(done["Idempotent-Replayed"] == "true");
+  });
+  CHECK(f.metrics.async_operations(obs::Outcome::created) == 1);
+}
+
+TEST_CASE("async: the status of another principal's operation is the unknown one's 404") {
+  Fixture f;
+  auto s = f.holder->load()->settings();
+  s.tenant.principal_header = "X-User-Id";
+  s.routes.front().async = settings::AsyncSettings{Millis{20}, "/operations/{operation_id}"};
+  f.configure(s);
+  auto gate = f.upstream.hold_next_on_own_gate();
+  run(f, [&]() -> asio::awaitable<void> {
+    auto req = Fixture::order("k1", kBody);
+    req.set("X-User-Id", "alice");
+    auto first = co_await f.handle(std::move(req));
+    REQUIRE(first.result_int() == 202);
+    const std::string location(first[http::field::location]);
+    auto as_alice = status_get(location);
+    as_alice.set("X-User-Id", "alice");
+    auto as_bob = status_get(location);
+    as_bob.set("X-User-Id", "bob");
+    auto mine = co_await f.handle(std::move(as_alice));
+    auto theirs = co_await f.handle(std::move(as_bob));
+    auto unknown = co_await f.handle(status_get("/operations/" + std::string(64, 'b')));
+    CHECK(mine.result_int() == 200);
+    CHECK(theirs.result_int() == 404);
+    CHECK(theirs.body() == unknown.body());
+    gate->cancel();
+    co_await until_no_owner(f);
+  });
+}
+
+TEST_CASE("policy: GET policy_path tells clients each route's key, lifetime and answers") {
+  Fixture f;
+  use_async(f, Millis{1500});
+  auto doc = f.call(status_get("/.well-known/idempotency", ""));
+  CHECK(doc.result_int() == 200);
+  CHECK(doc[http::field::content_type] == "application/json");
+  const std::string want =
+      R"({"version":"1","routes":[{"name":"create-order","method":"POST","path":"/orders",)"
+      R"("key":{"header":"Idempotency-Key","required":true,"max_length":255},)"
+      R"("retention_seconds":3600,"mismatch_status":409,"expiry_header":"Idempotency-Key-Expires",)"
+      R"("replay":"stored","async":{"after_ms":1500,"status_path":"/operations/{operation_id}"}}]})"
+      "\n";
+  CHECK(doc.body() == want);
+  CHECK(f.upstream.calls.empty());
+  // Not served when switched off: the request is the upstream's.
+  auto s = f.holder->load()->settings();
+  s.policy_path = "";
+  f.configure(s);
+  f.call(status_get("/.well-known/idempotency", ""));
+  CHECK(f.upstream.calls.size() == 1);
 }

@@ -284,6 +284,29 @@ TEST_CASE("canonical numbers: refused lexemes and exponent bound") {
   CHECK_FALSE(error.empty());
 }
 
+// Found by fuzz/json: the bound used to apply to the written exponent only, so
+// 10e1000000000 was accepted although its canonical form 1e+1000000001 was refused (and the
+// canonical text of an accepted body did not parse back).
+TEST_CASE("canonical numbers: the exponent bound applies to the value too") {
+  for (const char* bad : {"10e1000000000", "100e999999999", "0.01e-999999999", "-10e1000000000",
+                          "12345678901234567890e999999990"}) {
+    CAPTURE(bad);
+    CHECK_FALSE(detail::canonical_number(bad).has_value());
+  }
+  for (const char* good : {"1e1000000000", "0.1e1000000000", "100e-1000000000", "1e-1000000000",
+                           "10.0e999999999", "0e1000000000", "-0.00e-1000000000"}) {
+    CAPTURE(good);
+    const auto c = detail::canonical_number(good);
+    REQUIRE(c.has_value());
+    CHECK(detail::canonical_number(*c) == c);  // the canonical form is accepted too
+  }
+  CHECK(detail::canonical_number("10.0e999999999") == "1e+1000000000");
+  std::string error;
+  const auto v = parse_json("[10e999999999, 0.001e-999999997]", &error);
+  REQUIRE(v.has_value());
+  CHECK(parse_json(canonical_text(*v), &error).has_value());
+}
+
 TEST_CASE("canonical numbers: any shift of the decimal point is the same value") {
   // digits x 10^e written as many different lexemes must agree.
   const std::vector<std::string> digit_strings = {"1", "25", "1000", "123456789012345678901234567890",

@@ -52,7 +52,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_reconciliations_total") == "counter");
   CHECK(e.types.at("idemproxy_store_batches_total") == "counter");
   CHECK(e.types.at("idemproxy_store_batched_calls_total") == "counter");
-  CHECK(e.types.size() == 22);
+  CHECK(e.types.size() == 23);
   // Unlabelled and fixed-label series are there from the start, at zero.
   CHECK(e.get("idemproxy_takeovers_total") == 0);
   CHECK(e.get("idemproxy_in_progress_oldest_seconds") == 0);
@@ -68,6 +68,36 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
   for (const char* answer : {"replayed", "in_progress", "key_reused", "forbidden", "unavailable"}) {
     CHECK(e.get("idemproxy_fenced_answers_total", {{"answer", answer}}) == 0);
+  }
+  check_histograms(e);
+}
+
+TEST_CASE("every outcome of every declared route is exported at 0 before any request") {
+  Metrics m;
+  // "unmatched" (the listener's own refusals, pass-through) exists from construction.
+  auto e = parse(m.render_prometheus());
+  for (int i = 0; i < kOutcomeCount; ++i) {
+    const std::string outcome(to_string(static_cast<Outcome>(i)));
+    CHECK(e.get("idemproxy_requests_total", {{"route", "unmatched"}, {"outcome", outcome}}) == 0);
+  }
+  CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", "unmatched"}}) == 0);
+  m.declare_routes({"create-order", "capture-payment"});
+  e = parse(m.render_prometheus());
+  for (const char* route : {"create-order", "capture-payment", "unmatched"}) {
+    for (int i = 0; i < kOutcomeCount; ++i) {
+      const std::string outcome(to_string(static_cast<Outcome>(i)));
+      CHECK(e.get("idemproxy_requests_total", {{"route", route}, {"outcome", outcome}}) == 0);
+    }
+    CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", route}}) == 0);
+  }
+  // Declaring again (a reload) keeps the counts.
+  m.request("create-order", Outcome::key_reused, 0.01);
+  m.declare_routes({"create-order"});
+  e = parse(m.render_prometheus());
+  CHECK(e.get("idemproxy_requests_total", {{"route", "create-order"}, {"outcome", "key_reused"}}) == 1);
+  CHECK(e.get("idemproxy_requests_total", {{"route", "capture-payment"}, {"outcome", "created"}}) == 0);
+  for (const char* kind : {"unavailable", "timeout", "busy", "protocol"}) {
+    CHECK(e.get("idemproxy_store_errors_total", {{"kind", kind}}) == 0);
   }
   check_histograms(e);
 }
@@ -198,7 +228,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
     try {
       do {
         const auto e = parse(m.render_prometheus());
-        CHECK(e.types.size() == 22);
+        CHECK(e.types.size() == 23);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {

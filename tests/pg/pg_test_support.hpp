@@ -9,7 +9,14 @@
 #include <string>
 #include <utility>
 
+#include <array>
+#include <atomic>
+#include <thread>
+
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/redirect_error.hpp>
@@ -65,5 +72,76 @@ inline asio::awaitable<void> tick(std::shared_ptr<Ticker> t) {
     if (!ec) ++t->ticks;
   }
 }
+
+// A TCP server on loopback, on its own thread, that answers every connection's startup
+// packet the way a server that is up but will not serve does: with a FATAL ErrorResponse
+// (by default 53300, "sorry, too many clients already", a standby out of connection
+// slots), then closes. libpq given a host list stops there (it moves on after 57P03
+// only). Connection strings to it need sslmode=disable (no SSL request first) and
+// gssencmode=disable.
+class FatalServer {
+ public:
+  explicit FatalServer(std::string sqlstate = "53300",
+                       std::string message = "sorry, too many clients already")
+      : acceptor_(ctx_, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0)) {
+    std::string fields;
+    const auto field = [&](char type, const std::string& value) {
+      fields.push_back(type);
+      fields += value;
+      fields.push_back('\0');
+    };
+    field('S', "FATAL");
+    field('V', "FATAL");
+    field('C', sqlstate);
+    field('M', message);
+    fields.push_back('\0');
+    const auto length = static_cast<std::uint32_t>(fields.size() + 4);
+    reply_.push_back('E');
+    for (int shift = 24; shift >= 0; shift -= 8) reply_.push_back(static_cast<char>(length >> shift));
+    reply_ += fields;
+    acceptor_.listen();
+    accept();
+    thread_ = std::thread([this] { ctx_.run(); });
+  }
+  ~FatalServer() {
+    asio::post(ctx_, [this] {
+      error_code ignored;
+      acceptor_.close(ignored);
+    });
+    ctx_.stop();
+    thread_.join();
+  }
+  FatalServer(const FatalServer&) = delete;
+  FatalServer& operator=(const FatalServer&) = delete;
+
+  std::uint16_t port() const { return port_; }
+  int answered() const { return answered_.load(); }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](const error_code& ec, asio::ip::tcp::socket socket) {
+      if (ec) return;
+      auto s = std::make_shared<asio::ip::tcp::socket>(std::move(socket));
+      auto buf = std::make_shared<std::array<char, 1024>>();
+      // The startup packet fits one read on loopback; whatever it says, the answer is no.
+      s->async_read_some(asio::buffer(*buf), [this, s, buf](const error_code& rec, std::size_t) {
+        if (rec) return;
+        asio::async_write(*s, asio::buffer(reply_), [this, s](const error_code&, std::size_t) {
+          ++answered_;
+          error_code ignored;
+          s->shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+        });
+      });
+      accept();
+    });
+  }
+
+  asio::io_context ctx_;
+  asio::ip::tcp::acceptor acceptor_;
+  std::uint16_t port_ = acceptor_.local_endpoint().port();
+  std::string reply_;
+  std::atomic<int> answered_{0};
+  std::thread thread_;
+};
 
 }  // namespace idem::test

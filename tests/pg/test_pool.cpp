@@ -387,6 +387,133 @@ TEST_CASE("host names are resolved without blocking; multi-host lists keep libpq
   }
 }
 
+// The failover case: the first host of the list is a primary that vanished without a RST
+// (a crashed machine, a partition), the second the promoted standby.
+TEST_CASE("multi-host: a host that never answers costs its own connect_timeout, then the next serves") {
+  asio::io_context ctx;
+  SilentServer silent(ctx);
+  const std::string port = std::to_string(
+      std::stoi(test::Db(test::database_url()).scalar("SHOW port").value()));
+  auto opts = options(1);
+  opts.connect_timeout = 400ms;
+  opts.conninfo = "postgresql://postgres@127.0.0.1:" +
+                  std::to_string(silent.acceptor.local_endpoint().port()) + ",127.0.0.1:" + port +
+                  "/postgres?sslmode=disable&target_session_attrs=read-write";
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+
+  auto t = test::run(ctx, query_while_ticking(pool, "SELECT inet_server_port()"));
+  REQUIRE_MESSAGE(t.r, pool->last_error_message());
+  CHECK(std::to_string(t.r->int64(0, 0).value_or(0)) == port);
+  CHECK(t.elapsed >= 350ms);   // the silent host had its whole budget
+  CHECK(t.elapsed < 1500ms);   // and no more
+  CHECK(t.ticks >= 20);        // without blocking the event loop
+
+}
+
+TEST_CASE("multi-host: a server that refuses the startup (out of slots) does not end the list") {
+  // libpq, given the whole list, stops at the first server that answers with an error.
+  test::FatalServer starting;
+  asio::io_context ctx;
+  const std::string port = std::to_string(
+      std::stoi(test::Db(test::database_url()).scalar("SHOW port").value()));
+  auto opts = options(1);
+  opts.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(starting.port()) +
+                  ",127.0.0.1:" + port +
+                  "/postgres?sslmode=disable&gssencmode=disable&target_session_attrs=read-write";
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  auto r = query(ctx, pool, "SELECT inet_server_port()");
+  REQUIRE_MESSAGE(r, pool->last_error_message());
+  CHECK(std::to_string(r->int64(0, 0).value_or(0)) == port);
+  CHECK(starting.answered() == 1);  // it was asked first, and said no
+
+  SUBCASE("alone, its refusal is the call's failure, with the server's words") {
+    opts.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(starting.port()) +
+                    "/postgres?sslmode=disable&gssencmode=disable";
+    auto alone = pg::Pool::create(ctx.get_executor(), opts);
+    auto failed = query(ctx, alone, "SELECT 1");
+    REQUIRE_FALSE(failed);
+    CHECK(pg::to_store_errc(failed.error()) == errc::store_unavailable);
+    CHECK(alone->last_error_message().find("too many clients") != std::string::npos);
+  }
+}
+
+TEST_CASE("multi-host: every host silent, each gets its budget, the call fails as a timeout") {
+  asio::io_context ctx;
+  SilentServer first(ctx);
+  SilentServer second(ctx);
+  auto opts = options(1);
+  opts.connect_timeout = 400ms;
+  opts.conninfo = "host=127.0.0.1,127.0.0.1 port=" +
+                  std::to_string(first.acceptor.local_endpoint().port()) + "," +
+                  std::to_string(second.acceptor.local_endpoint().port()) +
+                  " user=postgres dbname=postgres sslmode=disable";
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  const auto start = SteadyClock::now();
+  auto r = query(ctx, pool, "SELECT 1");
+  REQUIRE_FALSE(r);
+  CHECK(r.error() == pg::errc::timeout);
+  CHECK(test::elapsed_since(start) >= 750ms);
+  CHECK(test::elapsed_since(start) < 2500ms);
+  // Both hosts are named in the message.
+  CHECK(pool->last_error_message().find(std::to_string(first.acceptor.local_endpoint().port())) !=
+        std::string::npos);
+  CHECK(pool->last_error_message().find(std::to_string(second.acceptor.local_endpoint().port())) !=
+        std::string::npos);
+}
+
+TEST_CASE("multi-host: prefer-standby takes a standby first, else any server, in order") {
+  asio::io_context ctx;
+  std::uint16_t closed_port = 0;
+  {
+    asio::ip::tcp::acceptor a(ctx, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    closed_port = a.local_endpoint().port();
+  }
+  const std::string port = std::to_string(
+      std::stoi(test::Db(test::database_url()).scalar("SHOW port").value()));
+  auto opts = options(1);
+  // No standby anywhere: the first pass (standby only) finds none, the second takes the
+  // first server that answers.
+  opts.conninfo = "postgresql://postgres@127.0.0.1:" + std::to_string(closed_port) +
+                  ",127.0.0.1:" + port + "/postgres?target_session_attrs=prefer-standby";
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  auto r = query(ctx, pool, "SELECT NOT pg_is_in_recovery()");
+  REQUIRE_MESSAGE(r, pool->last_error_message());
+  CHECK(r->boolean(0, 0) == true);
+}
+
+TEST_CASE("a server that takes no writes: read-write refuses it; a write on it drops the session") {
+  // A database whose sessions start read-only is, to libpq and to the sidecar, exactly a
+  // server that is not the primary (a standby, or a primary being demoted).
+  test::ScratchDatabase scratch("idem_pg_readonly");
+  test::Db admin(test::database_url());
+  admin.exec("ALTER DATABASE " + scratch.name() + " SET default_transaction_read_only = on");
+  asio::io_context ctx;
+
+  SUBCASE("target_session_attrs=read-write: no session at all") {
+    auto opts = options(1);
+    opts.conninfo = scratch.url() + (scratch.url().find('?') == std::string::npos ? "?" : "&") +
+                    "target_session_attrs=read-write";
+    auto pool = pg::Pool::create(ctx.get_executor(), opts);
+    auto r = query(ctx, pool, "SELECT 1");
+    REQUIRE_FALSE(r);
+    CHECK(pg::to_store_errc(r.error()) == errc::store_unavailable);
+    CHECK(pool->last_error_message().find("read-only") != std::string::npos);
+  }
+  SUBCASE("without it: the write fails as unavailable and the session is not kept") {
+    auto opts = options(1);
+    opts.conninfo = scratch.url();
+    auto pool = pg::Pool::create(ctx.get_executor(), opts);
+    REQUIRE(query(ctx, pool, "SELECT 1"));
+    REQUIRE(pool->open_connections() == 1);
+    auto r = query(ctx, pool, "CREATE TABLE t_readonly (x int)");
+    REQUIRE_FALSE(r);
+    CHECK(pg::sqlstate(r.error()) == "25006");
+    CHECK(pg::to_store_errc(r.error()) == errc::store_unavailable);
+    // The next call opens a new session, which could be on the new primary.
+    CHECK(pool->open_connections() == 0);
+  }
+}
+
 TEST_CASE("an exhausted pool answers pool_exhausted within acquire_timeout") {
   asio::io_context ctx;
   auto opts = options(1);

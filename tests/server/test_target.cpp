@@ -66,9 +66,24 @@ TEST_CASE("target: RFC 3986 section 5.4 examples of dot-segment removal") {
   CHECK(remove_dot_segments("/b/c/g;x=1/../y") == "/b/c/y");
 }
 
-TEST_CASE("target: empty segments stay (the gateway refuses them near a route)") {
-  CHECK(norm("//orders") == "//orders");
+TEST_CASE("target: empty segments inside the path stay (the gateway refuses them near a route)") {
   CHECK(norm("/orders/") == "/orders/");
+  CHECK(norm("/a//b") == "/a//b");
+}
+
+// Found writing fuzz/target's properties: "//evil.example/orders" was forwarded as it is
+// (it resembles no route segment by segment), and a backend that parses the target as a
+// URI reference (as Python's urllib.parse.urlsplit does) reads the host evil.example and
+// the path /orders.
+TEST_CASE("target: a path starting with \"//\" is refused, also when dot segments produce it") {
+  for (const char* raw : {"//orders", "//evil.example/orders", "//", "/..//orders", "/.//orders",
+                          "/%2e//orders", "/a/..//orders", "http://h//orders", "//orders?x=1"}) {
+    CAPTURE(raw);
+    const auto t = normalize_target(raw, false);
+    CHECK_FALSE(t.ok);
+    CHECK(t.problem.find("//") != std::string_view::npos);
+  }
+  CHECK(norm("//../orders") == "/orders");  // ".." removes the empty first segment
   CHECK(norm("/a//b") == "/a//b");
 }
 

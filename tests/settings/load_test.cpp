@@ -417,6 +417,27 @@ TEST_CASE("YAML merge keys share settings between routes") {
         std::string::npos);
 }
 
+// Found by fuzz/config: a self-referencing alias overflowed the stack and nested aliases
+// exhausted memory, which would crash a running proxy on reload instead of refusing the file.
+TEST_CASE("aliases: a cycle or an exponential expansion is refused, not followed") {
+  const std::string route = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n"
+                                       "    fingerprint:\n      defaults:\n";
+  const auto cycle = failure(route + "        /a: &a [1, *a]\n");
+  CHECK(cycle.what.find("expands to more than 100000 YAML nodes") != std::string::npos);
+
+  std::string laughs = route + "        /a: &a0 [1,1,1,1,1,1,1,1,1,1]\n";
+  for (int i = 1; i <= 8; ++i) {  // 10^9 nodes once expanded
+    laughs += "        /a" + std::to_string(i) + ": &a" + std::to_string(i) + " [";
+    for (int k = 0; k < 10; ++k) laughs += (k ? ",*a" : "*a") + std::to_string(i - 1);
+    laughs += "]\n";
+  }
+  CHECK(failure(laughs).what.find("expands to more than") != std::string::npos);
+
+  // Within the bound, aliases keep working (the merge-key case above, and plain reuse).
+  const auto ok = load(route + "        /a: &v {currency: EUR}\n        /b: *v\n");
+  CHECK(ok->routes.at(0).fingerprint.defaults.at("/b") == "{\"currency\":\"EUR\"}");
+}
+
 TEST_CASE("limits.drain_timeout: a duration, zero allowed") {
   CHECK(load(kMinimal + "limits:\n  drain_timeout: 45s\n")->limits.drain_timeout == Millis(45000));
   CHECK(load(kMinimal + "limits:\n  drain_timeout: 0s\n")->limits.drain_timeout == Millis(0));

@@ -30,6 +30,24 @@ void check_same(const Settings& a, const Settings& b) {
   CHECK(a.database.batch_max == b.database.batch_max);
   CHECK(a.tenant.header == b.tenant.header);
   CHECK(a.tenant.principal_header == b.tenant.principal_header);
+  CHECK(a.tenant.from == b.tenant.from);
+  CHECK(a.tenant.jwt.jwks_file == b.tenant.jwt.jwks_file);
+  CHECK(a.tenant.jwt.issuers == b.tenant.jwt.issuers);
+  CHECK(a.tenant.jwt.audiences == b.tenant.jwt.audiences);
+  CHECK(a.tenant.jwt.tenant_claim == b.tenant.jwt.tenant_claim);
+  CHECK(a.tenant.jwt.principal_claim == b.tenant.jwt.principal_claim);
+  CHECK(a.tenant.jwt.leeway == b.tenant.jwt.leeway);
+  CHECK(a.tenant.mtls.uri_prefix == b.tenant.mtls.uri_prefix);
+  CHECK(a.tls.has_value() == b.tls.has_value());
+  if (a.tls && b.tls) {
+    CHECK(a.tls->cert_file == b.tls->cert_file);
+    CHECK(a.tls->key_file == b.tls->key_file);
+    CHECK(a.tls->client_ca_file == b.tls->client_ca_file);
+  }
+  CHECK(a.upstream.https == b.upstream.https);
+  CHECK(a.upstream.tls.ca_file == b.upstream.tls.ca_file);
+  CHECK(a.upstream.tls.server_name == b.upstream.tls.server_name);
+  CHECK(a.upstream.tls.verify == b.upstream.tls.verify);
   CHECK(a.limits.max_header_bytes == b.limits.max_header_bytes);
   CHECK(a.limits.max_request_body == b.limits.max_request_body);
   CHECK(a.limits.header_timeout == b.limits.header_timeout);
@@ -78,7 +96,18 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.store.except == y.store.except);
     CHECK(x.replay_headers == y.replay_headers);
     CHECK(x.max_stored_body == y.max_stored_body);
+    CHECK(x.completion == y.completion);
+    REQUIRE(x.async.has_value() == y.async.has_value());
+    if (x.async) {
+      CHECK(x.async->after == y.async->after);
+      CHECK(x.async->status_path == y.async->status_path);
+    }
+    CHECK(x.replay_mode == y.replay_mode);
+    CHECK(x.on_unknown_outcome == y.on_unknown_outcome);
+    CHECK(x.reconcile.method == y.reconcile.method);
+    CHECK(x.reconcile.path == y.reconcile.path);
   }
+  CHECK(a.policy_path == b.policy_path);
 }
 
 const std::string kRich = R"(listen: "[::1]:18080"
@@ -116,6 +145,7 @@ cleanup:
   interval: 90s
   batch: 5
 unmatched: reject
+policy_path: /idempotency-policy
 routes:
   - name: create-order
     method: post
@@ -142,6 +172,10 @@ routes:
       except: [503]
     replay_headers: [Content-Type]
     max_stored_body: 0
+    async: {after: 1500ms, status_path: "/operations/{operation_id}/status"}
+    replay: {mode: refetch}
+    on_unknown_outcome: reconcile
+    reconcile: {method: post, path: "/orders/lookup/{operation_id}"}
   - name: tenant-orders
     method: PUT
     path: /tenants/{tid}/orders/{id}
@@ -234,6 +268,13 @@ TEST_CASE("render_effective round-trips") {
   CHECK(fp.defaults.at("/price") == "1.5e3");
   CHECK_FALSE(first->admin.listen.has_value());
   CHECK(first->upstream.base_path == "/api");
+  REQUIRE(first->routes[0].async.has_value());
+  CHECK(first->routes[0].async->after == Millis{1500});
+  CHECK(first->routes[0].replay_mode == ReplayMode::refetch);
+  CHECK(first->routes[0].on_unknown_outcome == UnknownOutcome::reconcile);
+  CHECK(first->routes[0].reconcile.method == "POST");
+  CHECK_FALSE(first->routes[1].async.has_value());
+  CHECK(first->policy_path == "/idempotency-policy");
 
   const auto text = render_effective(*first);
   INFO(text);

@@ -608,6 +608,35 @@ TEST_CASE_TEMPLATE("delete_expired: exactly the expired rows, in batches", H, ST
   CHECK(h.row_count() == 3);
 }
 
+// Across tenants, which a table partitioned by tenant keeps in different partitions
+// (migrations/optional/partition_by_tenant.sql): a batch is still exactly its size.
+TEST_CASE_TEMPLATE("delete_expired: batches hold across tenants", H, STORES) {
+  H h;
+  auto& s = h.store();
+  for (int t = 0; t < 8; ++t) {
+    for (int k = 0; k < 3; ++k) {
+      const auto r = claim_req(rid("k" + std::to_string(k), "tenant-" + std::to_string(t)), "fp",
+                               1s, 1s);
+      REQUIRE(h.run(s.claim(r)).value().won);
+      REQUIRE(h.run(s.complete(r.id, fence_of(h, r.id), sample_response(), 1s)).value() ==
+              store::Completion::recorded);
+    }
+  }
+  const auto live = claim_req(rid("live", "tenant-3"), "fp", 1h, 1h);
+  REQUIRE(h.run(s.claim(live)).value().won);
+  h.advance(2s);
+  std::size_t total = 0;
+  for (int batch = 0; batch < 7; ++batch) {
+    const auto n = h.run(s.delete_expired(4)).value();
+    CHECK(n <= 4);
+    total += n;
+  }
+  CHECK(total == 24);
+  CHECK(h.run(s.delete_expired(4)).value() == 0);
+  CHECK(h.row_count() == 1);
+  CHECK(h.run(s.read(live.id)).value().has_value());
+}
+
 TEST_CASE_TEMPLATE("scope: the same key in other tenants and endpoints is another record", H,
                    STORES) {
   H h;
@@ -651,6 +680,51 @@ TEST_CASE_TEMPLATE("oldest_in_progress_age: the oldest running claim", H, STORES
   CHECK(*age < 1s);
   REQUIRE(h.run(s.release(y.id, fence_of(h, y.id))).value());
   CHECK_FALSE(h.run(s.oldest_in_progress_age()).value().has_value());
+}
+
+// The status resource of long operations: operation id -> record, within one tenant.
+TEST_CASE_TEMPLATE("operations: registered ids find their record, only in their tenant", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  const auto a = claim_req(rid("k", "tenant-a"));
+  const auto b = claim_req(rid("k", "tenant-b"));
+  const std::string op_a = "op-of-a";
+  // Nothing to register without a record; nothing found before registration.
+  CHECK_FALSE(h.run(s.register_operation(a.id, op_a)).value());
+  const auto owner = claim_won(h, a);
+  REQUIRE(h.run(s.claim(b)).value().won);
+  CHECK_FALSE(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
+  CHECK(h.run(s.register_operation(a.id, op_a)).value());
+  CHECK(h.run(s.register_operation(a.id, op_a)).value());  // twice: still one entry
+  auto found = h.run(s.find_operation("tenant-a", op_a)).value();
+  REQUIRE(found.has_value());
+  CHECK(found->id.tenant == "tenant-a");
+  CHECK(found->id.endpoint == "POST /orders");
+  CHECK(found->id.key == "k");
+  CHECK(found->record.state == State::in_progress);
+  CHECK(found->record.attempt == 1);
+  CHECK(found->record.fence == owner.fence);
+  // Another tenant's lookup of the same id finds nothing, although its own key is the same.
+  CHECK_FALSE(h.run(s.find_operation("tenant-b", op_a)).value().has_value());
+  CHECK_FALSE(h.run(s.find_operation("tenant-a", "op-unknown")).value().has_value());
+  // It follows the record: completed, then gone with it on release or purge.
+  REQUIRE(h.run(s.complete(a.id, owner.fence, sample_response(), 1h)).value() ==
+          store::Completion::recorded);
+  found = h.run(s.find_operation("tenant-a", op_a)).value();
+  REQUIRE(found.has_value());
+  CHECK(found->record.state == State::completed);
+  REQUIRE(found->record.response.has_value());
+  CHECK(*found->record.response == sample_response());
+  CHECK(h.run(s.purge(a.id)).value());
+  CHECK_FALSE(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
+  // A new claim of the key is a new record: not found until it registers again.
+  const auto again = claim_won(h, a);
+  CHECK_FALSE(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
+  CHECK(h.run(s.register_operation(a.id, op_a)).value());
+  CHECK(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
+  CHECK(h.run(s.release(a.id, again.fence)).value());
+  CHECK_FALSE(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
 }
 
 TEST_CASE("MemoryStore: set_unavailable fails every call with store_unavailable") {

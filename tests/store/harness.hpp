@@ -6,6 +6,7 @@
 //     timestamp d into the past, which to now() is exactly the clock moving forward by d;
 //     no test waits for real time to pass.
 #include <atomic>
+#include <cstdlib>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -82,11 +83,43 @@ class MemoryHarness {
   store::MemoryStore store_;
 };
 
+// With IDEM_TEST_STORE_PARTITIONS=N (ctest unit.store.partitioned), the record table is
+// converted by the opt-in script to N hash partitions by tenant after migrating, run
+// with psql exactly as docs/scaling.md tells operators to; then migrating again must
+// find nothing to do.
+inline void partition_store(const std::string& url, const std::string& partitions) {
+#ifndef IDEM_PARTITION_SCRIPT
+  FAIL("IDEM_PARTITION_SCRIPT is not compiled in");
+#else
+  for (const char c : partitions) {
+    const bool digit = c >= '0' && c <= '9';
+    REQUIRE_MESSAGE(digit, "partitions: a number");
+  }
+  const std::string cmd = "PGOPTIONS='-c idemproxy.partitions=" + partitions + "' psql '" + url +
+                          "' -X -q -v ON_ERROR_STOP=1 -f '" IDEM_PARTITION_SCRIPT "' >/dev/null";
+  const int status = std::system(cmd.c_str());
+  REQUIRE_MESSAGE(status == 0, "partition_by_tenant.sql failed: " << cmd);
+  Db db(url);
+  REQUIRE(db.scalar("SELECT relkind::text FROM pg_class WHERE oid = 'idempotency_requests'::regclass") ==
+          "p");
+  REQUIRE(db.scalar_int("SELECT count(*) FROM pg_inherits WHERE inhparent = "
+                        "'idempotency_requests'::regclass") == std::stoll(partitions));
+  // Operation ids (migration 0005) still go with their record.
+  REQUIRE(db.scalar("SELECT confdeltype::text FROM pg_constraint WHERE contype = 'f' AND "
+                    "conrelid = 'idempotency_operations'::regclass AND "
+                    "confrelid = 'idempotency_requests'::regclass AND conparentid = 0") == "c");
+  REQUIRE(store::apply_migrations(url, Millis{5000}).applied.empty());
+#endif
+}
+
 // One migrated database per test binary run, created on first use and dropped at exit.
 inline const ScratchDatabase& store_database() {
   static ScratchDatabase db("idem_store_test");
   static const bool migrated = [] {
     store::apply_migrations(db.url(), Millis{5000});
+    if (auto partitions = env("IDEM_TEST_STORE_PARTITIONS"); partitions && !partitions->empty()) {
+      partition_store(db.url(), *partitions);
+    }
     return true;
   }();
   (void)migrated;
@@ -117,7 +150,7 @@ class PgHarness {
         pool_(pg::Pool::create(ctx_.get_executor(), store_pool_options())),
         store_(pool_, store::PgStore::ClaimRead::adaptive, batching) {
     // Each case starts from an empty table: cleanup and count checks see only their rows.
-    sql_.exec("TRUNCATE idempotency_requests");
+    sql_.exec("TRUNCATE idempotency_requests CASCADE");
   }
 
 

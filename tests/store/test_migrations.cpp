@@ -146,6 +146,23 @@ TEST_CASE("kSchemaQuery reads what compare_schema needs") {
   CHECK(compare_schema(applied).status == SchemaStatus::current);
 }
 
+TEST_CASE("apply_migrations: a multi-host list gets past a server that refuses the startup") {
+  // A standby first in the list that refuses sessions (out of connection slots);
+  // libpq's own list handling would stop there.
+  test::FatalServer starting;
+  test::ScratchDatabase db("idem_migrate_multi");
+  const std::string url = db.url();
+  const auto authority = url.find("@") + 1;
+  const std::string multi = url.substr(0, authority) + "127.0.0.1:" +
+                            std::to_string(starting.port()) + "," + url.substr(authority) +
+                            (url.find('?') == std::string::npos ? "?" : "&") +
+                            "sslmode=disable&gssencmode=disable&target_session_attrs=read-write";
+  const auto report = apply_migrations(multi, kConnect);
+  CHECK(report.current_version == latest_version());
+  CHECK(starting.answered() == 1);
+  CHECK(check_schema(multi, kConnect).status == SchemaStatus::current);
+}
+
 TEST_CASE("an unreachable database throws") {
   CHECK_THROWS_AS(check_schema("host=127.0.0.1 port=1 user=postgres dbname=x", Millis{1000}),
                   std::runtime_error);

@@ -1,0 +1,61 @@
+#pragma once
+// A strict, independent reading of one HTTP/1.1 request (RFC 9112) from raw bytes: where it
+// ends, what its fields are and how its body is framed. The request target compares Beast's
+// parser plus server::inspect_framing against it: whatever the sidecar accepts must read the
+// same way here, so a backend that parses by the RFC cannot see a different request (the
+// definition of "unambiguous" the harness checks). Slow and simple on purpose.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace idem::fuzz::ref_http {
+
+struct Field {
+  std::string name;
+  std::string value;    // OWS-trimmed; obs-folds replaced by one SP each
+  bool folded = false;  // the value had an obs-fold (RFC 9112 §5.2)
+};
+
+enum class Framing { none, length, chunked, invalid };
+
+struct Request {
+  std::string method;
+  std::string target;
+  int version = 0;  // 10 or 11
+  std::vector<Field> fields;    // header section, in order
+  std::vector<Field> trailers;  // trailer section of a chunked body, in order
+  Framing framing = Framing::none;
+  std::uint64_t length = 0;  // framing == length
+  std::string body;          // decoded (de-chunked) content
+  // Chunk metadata, as the listener budgets it (common/message_parser.hpp): the bytes of
+  // every chunk's extensions (after the size, before the CRLF), and of the trailer fields
+  // counted as name + value + 4 ("name: value\r\n" with the value OWS-trimmed).
+  std::size_t extension_bytes = 0;
+  std::size_t trailer_bytes = 0;
+  std::size_t end = 0;       // offset just past the message
+};
+
+enum class Status {
+  ok,          // one complete, valid request
+  incomplete,  // valid so far, but the input ends before the message does
+  invalid,     // violates RFC 9112 (or the sidecar's stricter framing policy)
+};
+
+struct Result {
+  Status status = Status::invalid;
+  Request request;        // complete when ok; the header part may be filled otherwise
+  std::string why;        // for invalid: which rule
+  bool header_complete = false;
+  std::size_t header_end = 0;  // offset just past the header section's empty line
+};
+
+// Parses the request starting at `offset` in `input`.
+Result parse_request(std::string_view input, std::size_t offset);
+
+// The framing rule the sidecar promises (docs/http.md): CL and TE together, several CL
+// fields, a CL that is not 1*DIGIT, several TE fields, TE in HTTP/1.0 and any TE other than
+// exactly "chunked" are invalid. Computed from `fields` alone.
+Framing framing_of(const std::vector<Field>& fields, int version, std::uint64_t* length);
+
+}  // namespace idem::fuzz::ref_http
