@@ -290,11 +290,12 @@ RETURNING tenant_id, endpoint, idempotency_key, attempt_token, fencing_token,
 // The columns are IDEM_RECORD_COLUMNS (kReadSql's), in that order (decode_record()),
 // spelled out so that tools can take this statement from the source as it stands
 // (integration/bench/explain-batches); the batched conformance suite proves them equal.
-// Then the key. A LATERAL
-// subquery per key rather than a join: the planner can only run it as a nested loop over
-// the keys with the full primary key as the index condition, whatever it believes about
-// the table's size or the number of keys (a hash join over a scanned prefix of the key
-// is the plan to avoid: see docs/performance.md).
+// Then the key. A LATERAL subquery per key rather than a join, and OFFSET 0 so that the
+// planner cannot flatten it into one (which it could then hash): it runs as a nested loop
+// over the keys, each probing the table by its full key, whatever the planner believes
+// about the table's size or the number of keys (a hash join over a scanned prefix of the
+// key is the plan to avoid: docs/performance.md); on a table partitioned by tenant each
+// probe is pruned at run time to its key's partition.
 constexpr const char* kReadBatchSql = R"sql(
 SELECT r.*
 FROM unnest($1::text[], $2::text[], $3::text[]) AS u(tenant_id, endpoint, idempotency_key)
@@ -322,7 +323,8 @@ CROSS JOIN LATERAL (
          tenant_id, endpoint, idempotency_key
   FROM idempotency_requests
   WHERE tenant_id = u.tenant_id AND endpoint = u.endpoint
-    AND idempotency_key = u.idempotency_key) AS r)sql";
+    AND idempotency_key = u.idempotency_key
+  OFFSET 0) AS r)sql";
 
 // kCompleteSql for many records, each guarded by its own member's fencing token and the
 // in-progress state: a member whose guard fails matches nothing and is simply absent
@@ -330,7 +332,8 @@ CROSS JOIN LATERAL (
 // does). The key names each member's row. Members arrive sorted by key; with the nested
 // loop this gets (docs/performance.md) rows are locked in that order, and a deadlock
 // that some other plan might still produce fails the batch, whose members then complete
-// one by one.
+// one by one. The redundant `tenant_id = ANY($1)` lets a custom plan prune a table
+// partitioned by tenant to the batch's tenants (a generic plan cannot: docs/scaling.md).
 constexpr const char* kCompleteBatchSql = R"sql(
 UPDATE idempotency_requests AS r
 SET state = 'completed',
@@ -350,6 +353,7 @@ WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
   AND r.idempotency_key = u.idempotency_key
   AND r.fencing_token = u.fencing_token
   AND r.state = 'in_progress'
+  AND r.tenant_id = ANY($1::text[])
 RETURNING r.tenant_id, r.endpoint, r.idempotency_key,
           (extract(epoch FROM r.expires_at) * 1000000)::bigint)sql";
 
