@@ -151,7 +151,14 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   po.acquire_timeout = cfg.database.statement_timeout;
   po.statements = store::pg_store_statements();
   w->pool = pg::Pool::create(w->ioc.get_executor(), std::move(po));
-  w->store = std::make_unique<store::PgStore>(w->pool);
+  store::PgBatching batching;
+  batching.enabled = cfg.database.batching;
+  batching.max_size = static_cast<std::size_t>(cfg.database.batch_max);
+  batching.on_batch = [m = metrics](std::string_view op, std::size_t calls) {
+    m->store_batch(op, calls);
+  };
+  w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
+                                              batching);
   // Encryption sits between the replay cache and PostgreSQL: plaintext stays in memory.
   store::Store* durable = w->store.get();
   if (key_ring) {

@@ -226,6 +226,10 @@ class Family {
     "Lease renewals by owners waiting on the upstream.")                                         \
   X(expired_deleted,    Counter,         "idemproxy_expired_deleted_total",      "",             \
     "Expired records deleted by the retention task.")                                            \
+  X(store_batches,      Counter,         "idemproxy_store_batches_total",        "op",           \
+    "Statements that carried the calls of several requests at once (database.batching), by operation.") \
+  X(store_batched_calls, Counter,        "idemproxy_store_batched_calls_total",  "op",           \
+    "Calls those statements carried; divided by idemproxy_store_batches_total, the mean batch size.") \
   X(store_errors,       Counter,         "idemproxy_store_errors_total",         "kind",         \
     "Failed store operations, by kind of failure.")                                              \
   X(in_progress_oldest, Gauge,           "idemproxy_in_progress_oldest_seconds", "",             \
@@ -412,6 +416,10 @@ struct Metrics::Impl {
       store_ops[static_cast<std::size_t>(i)] = &store_duration.get(to_string(static_cast<StoreOp>(i)));
     }
     for (auto kind : kKnownStoreErrors) store_errors.get(kind);
+    for (auto op : {"claim", "complete"}) {
+      store_batches.get(op);
+      store_batched_calls.get(op);
+    }
     for (auto answer : kFencedAnswers) fenced_answers.get(answer);
     for (auto result : kBackendCompletionResults) backend_completions.get(result);
     for (auto d : kDirectives) directives.get(d);
@@ -447,6 +455,11 @@ void Metrics::upstream_duration(double seconds) { impl_->upstream.observe(second
 void Metrics::store_duration(StoreOp op, double seconds) {
   const auto i = static_cast<std::size_t>(op);
   if (i < impl_->store_ops.size()) impl_->store_ops[i]->observe(seconds);
+}
+
+void Metrics::store_batch(std::string_view op, std::uint64_t calls) {
+  impl_->store_batches.get(op).add(1);
+  impl_->store_batched_calls.get(op).add(calls);
 }
 
 void Metrics::takeover() { impl_->takeover.add(1); }

@@ -56,6 +56,8 @@ class Metrics {
   void request(std::string_view route, Outcome outcome, double seconds);
   void upstream_duration(double seconds);
   void store_duration(StoreOp op, double seconds);
+  // One statement that carried `calls` calls of one kind (op: "claim", "complete").
+  void store_batch(std::string_view op, std::uint64_t calls);
   void takeover();
   void fenced_write();
   // A fenced owner's answer, from the record: "replayed", "in_progress", "key_reused",

@@ -56,6 +56,10 @@ struct DatabaseSettings {
   Millis connect_timeout{5000};
   Millis statement_timeout{2000};
   MigrateMode migrate = MigrateMode::check;
+  // Group commit: concurrent claims (and completions) on a worker share one statement
+  // and one commit, at most batch_max per batch (store/pg_store.hpp).
+  bool batching = true;
+  int batch_max = 32;
 };
 
 // Where the tenant (and principal) of a request come from (docs/security.md):

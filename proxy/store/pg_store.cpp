@@ -1,10 +1,16 @@
 #include "store/pg_store.hpp"
 
+#include <algorithm>
+#include <deque>
 #include <initializer_list>
+#include <tuple>
+#include <unordered_map>
 #include <string>
 #include <utility>
 
+#include "store/batcher.hpp"
 #include "store/header_codec.hpp"
+#include "store/pg_array.hpp"
 
 namespace idem::store {
 namespace {
@@ -33,6 +39,9 @@ constexpr const char* kDeleteExpired = "idem_delete_expired";
 constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
 constexpr const char* kRegisterOperation = "idem_register_operation";
 constexpr const char* kFindOperation = "idem_find_operation";
+constexpr const char* kClaimBatch = "idem_claim_batch";
+constexpr const char* kReadBatch = "idem_read_batch";
+constexpr const char* kCompleteBatch = "idem_complete_batch";
 
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
@@ -243,6 +252,114 @@ SELECT ceil(extract(epoch FROM now() - min(created_at)) * 1000)::bigint
 FROM idempotency_requests
 WHERE state = 'in_progress')sql";
 
+// ---- Batched statements (database.batching): the claims, reads and completions of
+// concurrent requests on one worker, one statement and one commit for all of them. Each
+// takes parallel arrays (one element per request, binary format: store/pg_array.hpp) and
+// unnests them; every row is still addressed by its full primary key, and every member
+// gets exactly the answer its own single statement would have given. The plans these get
+// (generic plans, stale statistics) are recorded in docs/performance.md.
+
+// kClaimSql for many keys. The primary key still picks each key's owner: a conflicting
+// row, committed or being inserted by another transaction, makes that member lose (after
+// waiting for the other transaction, as the single claim does). The members arrive
+// sorted by key (the caller sorts them) and a function scan feeds the insert in array
+// order, so every batch takes its keys' index locks in one order and two batches, from
+// this replica or another, cannot deadlock on them. Each row draws its own fencing
+// token: nextval() is evaluated per row, so tokens stay unique per key and per claim.
+// RETURNING names the key, which is how each winner finds its row (no key repeats within
+// a batch: the caller sees to it).
+constexpr const char* kClaimBatchSql = R"sql(
+INSERT INTO idempotency_requests
+  (tenant_id, endpoint, idempotency_key, request_fingerprint, principal, state,
+   attempt_token, lease_expires_at, created_at, expires_at, fencing_token)
+SELECT u.tenant_id, u.endpoint, u.idempotency_key, u.fingerprint, u.principal,
+       'in_progress', 1,
+       now() + u.lease_ms * interval '1 millisecond', now(),
+       GREATEST(now() + u.retention_ms * interval '1 millisecond',
+                now() + u.lease_ms * interval '1 millisecond'),
+       nextval('idempotency_fencing_tokens')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
+            $7::bigint[])
+       AS u(tenant_id, endpoint, idempotency_key, fingerprint, principal, lease_ms,
+            retention_ms)
+ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
+RETURNING tenant_id, endpoint, idempotency_key, attempt_token, fencing_token,
+          (extract(epoch FROM created_at) * 1000000)::bigint,
+          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
+
+// kReadSql for many keys, sent after kClaimBatchSql in the same pipeline: a statement of
+// its own, so it sees every row committed before it started, as the single read does.
+// The columns are IDEM_RECORD_COLUMNS (kReadSql's), in that order (decode_record()),
+// spelled out so that tools can take this statement from the source as it stands
+// (integration/bench/explain-batches); the batched conformance suite proves them equal.
+// Then the key. A LATERAL subquery per key rather than a join, and OFFSET 0 so that the
+// planner cannot flatten it into one (which it could then hash): it runs as a nested loop
+// over the keys, each probing the table by its full key, whatever the planner believes
+// about the table's size or the number of keys (a hash join over a scanned prefix of the
+// key is the plan to avoid: docs/performance.md); on a table partitioned by tenant each
+// probe is pruned at run time to its key's partition.
+constexpr const char* kReadBatchSql = R"sql(
+SELECT r.*
+FROM unnest($1::text[], $2::text[], $3::text[]) AS u(tenant_id, endpoint, idempotency_key)
+CROSS JOIN LATERAL (
+  SELECT request_fingerprint,
+         principal,
+         state,
+         attempt_token,
+         fencing_token,
+         (state = 'in_progress' AND lease_expires_at <= now()) AS lease_expired,
+         (expires_at <= now()) AS expired,
+         CASE WHEN state = 'in_progress' AND lease_expires_at > now()
+              THEN ceil(extract(epoch FROM lease_expires_at - now()) * 1000)::bigint
+              ELSE 0 END AS lease_remaining_ms,
+         response_status,
+         response_headers::text,
+         response_body,
+         response_body_omitted,
+         resource_id,
+         (extract(epoch FROM created_at) * 1000000)::bigint,
+         (extract(epoch FROM completed_at) * 1000000)::bigint,
+         (extract(epoch FROM expires_at) * 1000000)::bigint,
+         (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
+         GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint,
+         tenant_id, endpoint, idempotency_key
+  FROM idempotency_requests
+  WHERE tenant_id = u.tenant_id AND endpoint = u.endpoint
+    AND idempotency_key = u.idempotency_key
+  OFFSET 0) AS r)sql";
+
+// kCompleteSql for many records, each guarded by its own member's fencing token and the
+// in-progress state: a member whose guard fails matches nothing and is simply absent
+// from RETURNING (it then asks kCompletedAlreadySql on its own, as the single completion
+// does). The key names each member's row. Members arrive sorted by key; with the nested
+// loop this gets (docs/performance.md) rows are locked in that order, and a deadlock
+// that some other plan might still produce fails the batch, whose members then complete
+// one by one. The redundant `tenant_id = ANY($1)` lets a custom plan prune a table
+// partitioned by tenant to the batch's tenants (a generic plan cannot: docs/scaling.md).
+constexpr const char* kCompleteBatchSql = R"sql(
+UPDATE idempotency_requests AS r
+SET state = 'completed',
+    response_status = u.status,
+    response_headers = u.headers::jsonb,
+    response_body = u.body,
+    response_body_omitted = u.body_omitted,
+    resource_id = NULLIF(u.resource_id, ''),
+    completed_at = now(),
+    expires_at = now() + u.retention_ms * interval '1 millisecond',
+    lease_expires_at = NULL,
+    trace_id = NULLIF(u.trace_id, '')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::text[],
+            $7::bytea[], $8::boolean[], $9::text[], $10::bigint[], $11::text[])
+       AS u(tenant_id, endpoint, idempotency_key, fencing_token, status, headers, body,
+            body_omitted, resource_id, retention_ms, trace_id)
+WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
+  AND r.idempotency_key = u.idempotency_key
+  AND r.fencing_token = u.fencing_token
+  AND r.state = 'in_progress'
+  AND r.tenant_id = ANY($1::text[])
+RETURNING r.tenant_id, r.endpoint, r.idempotency_key,
+          (extract(epoch FROM r.expires_at) * 1000000)::bigint)sql";
+
 // The store-level error for a failed pg call. Built in place: result<bool> refuses an
 // implicit error_code, which is itself convertible to bool.
 template <class T>
@@ -278,13 +395,14 @@ enum ReadColumn {
   kReadColumns
 };
 
-// Reads the columns of IDEM_RECORD_COLUMNS, which come first (a lookup may add its own after).
-result<Record> decode_record(const pg::Result& r) {
+// Reads the columns of IDEM_RECORD_COLUMNS in row `row`, which come first (a lookup may
+// add its own after: kFindOperationSql, kReadBatchSql).
+result<Record> decode_record(const pg::Result& r, int row = 0) {
   if (r.columns() < kReadColumns) return bad_row();
   Record rec;
-  rec.fingerprint = std::string(r.value(0, kColFingerprint));
-  rec.principal = std::string(r.value(0, kColPrincipal));
-  const std::string_view state = r.value(0, kColState);
+  rec.fingerprint = std::string(r.value(row, kColFingerprint));
+  rec.principal = std::string(r.value(row, kColPrincipal));
+  const std::string_view state = r.value(row, kColState);
   if (state == "in_progress") {
     rec.state = State::in_progress;
   } else if (state == "completed") {
@@ -292,14 +410,14 @@ result<Record> decode_record(const pg::Result& r) {
   } else {
     return bad_row();
   }
-  const auto attempt = r.int64(0, kColAttempt);
-  const auto fence = r.int64(0, kColFence);
-  const auto lease_expired = r.boolean(0, kColLeaseExpired);
-  const auto expired = r.boolean(0, kColExpired);
-  const auto lease_remaining = r.int64(0, kColLeaseRemaining);
-  const auto created = r.int64(0, kColCreatedAt);
-  const auto expires = r.int64(0, kColExpiresAt);
-  const auto retention_remaining = r.int64(0, kColRetentionRemaining);
+  const auto attempt = r.int64(row, kColAttempt);
+  const auto fence = r.int64(row, kColFence);
+  const auto lease_expired = r.boolean(row, kColLeaseExpired);
+  const auto expired = r.boolean(row, kColExpired);
+  const auto lease_remaining = r.int64(row, kColLeaseRemaining);
+  const auto created = r.int64(row, kColCreatedAt);
+  const auto expires = r.int64(row, kColExpiresAt);
+  const auto retention_remaining = r.int64(row, kColRetentionRemaining);
   if (!attempt || !fence || !expired || !lease_remaining || !created || !expires ||
       !retention_remaining) {
     return bad_row();
@@ -312,28 +430,28 @@ result<Record> decode_record(const pg::Result& r) {
   rec.retention_remaining = Millis{*retention_remaining};
   rec.created_at_us = *created;
   rec.expires_at_us = *expires;
-  rec.completed_at_us = r.int64(0, kColCompletedAt).value_or(0);
-  rec.lease_expires_at_us = r.int64(0, kColLeaseExpiresAt).value_or(0);
+  rec.completed_at_us = r.int64(row, kColCompletedAt).value_or(0);
+  rec.lease_expires_at_us = r.int64(row, kColLeaseExpiresAt).value_or(0);
 
   if (rec.state == State::completed) {
     StoredResponse resp;
-    const auto status = r.int64(0, kColStatus);
-    const auto omitted = r.boolean(0, kColBodyOmitted);
+    const auto status = r.int64(row, kColStatus);
+    const auto omitted = r.boolean(row, kColBodyOmitted);
     if (!status || !omitted) return bad_row();
     resp.status = static_cast<int>(*status);
     resp.body_omitted = *omitted;
-    if (!r.is_null(0, kColHeaders)) {
-      auto headers = detail::decode_headers_json(r.value(0, kColHeaders));
+    if (!r.is_null(row, kColHeaders)) {
+      auto headers = detail::decode_headers_json(r.value(row, kColHeaders));
       if (!headers) return bad_row();
       resp.headers = std::move(*headers);
     }
-    if (!r.is_null(0, kColBody)) {
-      auto body = r.bytea(0, kColBody);
+    if (!r.is_null(row, kColBody)) {
+      auto body = r.bytea(row, kColBody);
       if (!body) return bad_row();
       resp.body = std::move(*body);
     }
-    resp.resource_id = std::string(r.value(0, kColResourceId));
-    resp.trace_id = std::string(r.value(0, kColTraceId));
+    resp.resource_id = std::string(r.value(row, kColResourceId));
+    resp.trace_id = std::string(r.value(row, kColTraceId));
     rec.response = std::move(resp);
   }
   return rec;
@@ -369,26 +487,42 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kOldestInProgress, kOldestInProgressSql},
       {kRegisterOperation, kRegisterOperationSql},
       {kFindOperation, kFindOperationSql},
+      {kClaimBatch, kClaimBatchSql},
+      {kReadBatch, kReadBatchSql},
+      {kCompleteBatch, kCompleteBatchSql},
   };
   return statements;
 }
 
-PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read)
-    : pool_(std::move(pool)), claim_read_(claim_read) {}
+// ---------------------------------------------------------------------------- shared state
 
-// Reading along costs every winner a statement it discards (measured at roughly a tenth
-// more database CPU per new key) and saves every loser a round trip (roughly a third of a
-// duplicate's cost), so it pays once about one claim in eight is lost.
-bool PgStore::read_with_claim() const noexcept {
-  switch (claim_read_) {
-    case ClaimRead::always: return true;
-    case ClaimRead::never: return false;
-    case ClaimRead::adaptive: break;
+struct PgStore::Core {
+  std::shared_ptr<pg::Pool> pool;
+  ClaimRead claim_read = ClaimRead::adaptive;
+  bool lone_calls_batched = false;
+  std::function<void(std::string_view, std::size_t)> on_batch;
+  // Exponentially weighted share of recent claims that were lost (0..1).
+  double lost_share = 0.0;
+  BatchStats stats;
+
+  // Reading along costs every winner a statement it discards (measured at roughly a
+  // tenth more database CPU per new key) and saves every loser a round trip (roughly a
+  // third of a duplicate's cost), so it pays once about one claim in eight is lost.
+  bool read_with_claim() const noexcept {
+    switch (claim_read) {
+      case ClaimRead::always: return true;
+      case ClaimRead::never: return false;
+      case ClaimRead::adaptive: break;
+    }
+    return lost_share >= 1.0 / 8;
   }
-  return *lost_share_ >= 1.0 / 8;
-}
+  // Weighted over roughly the last 32 claims.
+  void count_claim(bool lost) noexcept { lost_share += ((lost ? 1.0 : 0.0) - lost_share) / 32; }
+};
 
 namespace {
+
+using detail::ArrayParam;
 
 // The statements take the key as $1..$3; `extra` follows from $4. Parameters view their
 // strings, which live in the calling coroutine's frame until the call completes.
@@ -399,28 +533,24 @@ std::vector<pg::Param> key_params(const RecordId& id, std::initializer_list<pg::
   return params;
 }
 
-}  // namespace
-
 // Note: parameter vectors are built in named variables before co_await; GCC 12 rejects
 // an initializer_list temporary inside a co_await expression.
 
-asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
+// ------------------------------------------------------------------ one call, one statement
+
+asio::awaitable<result<ClaimResult>> claim_one(std::shared_ptr<PgStore::Core> core,
+                                               const ClaimRequest& req) {
   const std::string lease = millis(req.lease);
   const std::string retention = millis(req.retention);
   auto params = key_params(req.id, {pg::Param::text(req.fingerprint),
                                     pg::Param::text(req.principal), pg::Param::text(lease),
                                     pg::Param::text(retention)});
-  // Share of lost claims, weighted over roughly the last 32 (read by read_with_claim).
-  const auto count_claim = [share = lost_share_](bool lost) {
-    *share += ((lost ? 1.0 : 0.0) - *share) / 32;
-  };
-
-  if (!read_with_claim()) {
-    auto r = co_await pool_->execute(kClaim, std::move(params));
+  if (!core->read_with_claim()) {
+    auto r = co_await core->pool->execute(kClaim, std::move(params));
     if (!r) co_return failed<ClaimResult>(r.error());
     auto owner = returned_ownership(*r);
     if (!owner) co_return owner.error();
-    count_claim(!*owner);
+    core->count_claim(!*owner);
     if (!*owner) co_return ClaimResult{};
     co_return ClaimResult{true, **owner};
   }
@@ -435,11 +565,11 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
   std::vector<pg::Pool::Batched> statements;
   statements.push_back({kClaim, std::move(params)});
   statements.push_back({kRead, key_params(req.id, {})});
-  auto r = co_await pool_->execute_pipeline(std::move(statements));
+  auto r = co_await core->pool->execute_pipeline(std::move(statements));
   if (!r) co_return failed<ClaimResult>(r.error());
   auto owner = returned_ownership((*r)[0]);
   if (!owner) co_return owner.error();
-  count_claim(!*owner);
+  core->count_claim(!*owner);
   if (*owner) co_return ClaimResult{true, **owner};
   ClaimResult lost;
   lost.row_read = true;
@@ -451,9 +581,447 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
   co_return lost;
 }
 
+result<Completed> completed_at(const pg::Result& rows, int row, int col, Completion outcome) {
+  const auto us = rows.int64(row, col);
+  if (!us) return bad_row();
+  return Completed{outcome, *us};
+}
+
+// The completion's answer as parameters $4..$9 (fence, status, headers, body, omitted,
+// resource id), viewing `token`, `status` and `headers`.
+std::vector<pg::Param> answer_params(const RecordId& id, const std::string& token,
+                                     const std::string& status, const std::string& headers,
+                                     const StoredResponse& response) {
+  // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
+  const pg::Param body =
+      response.body_omitted ? pg::Param::null_value() : pg::Param::bytes(response.body);
+  return key_params(id, {pg::Param::text(token), pg::Param::text(status),
+                         pg::Param::text(headers), body,
+                         pg::Param::text(response.body_omitted ? "true" : "false"),
+                         pg::Param::text(response.resource_id)});
+}
+
+// Asked only when a completion wrote nothing: was this very answer already recorded
+// under this very fence (a retried completion whose first try committed)? Else fenced.
+asio::awaitable<result<Completed>> completed_already(std::shared_ptr<pg::Pool> pool,
+                                                     const RecordId& id, std::int64_t fence,
+                                                     const StoredResponse& response) {
+  const std::string token = std::to_string(fence);
+  const std::string status = std::to_string(response.status);
+  const std::string headers = detail::encode_headers_json(response.headers);
+  auto params = answer_params(id, token, status, headers, response);
+  auto already = co_await pool->execute(kCompletedAlready, std::move(params));
+  if (!already) co_return failed<Completed>(already.error());
+  if (already->rows() != 1) co_return Completed{Completion::fenced, 0};
+  co_return completed_at(*already, 0, 0, Completion::already_recorded);
+}
+
+asio::awaitable<result<Completed>> complete_one(std::shared_ptr<pg::Pool> pool,
+                                                const RecordId& id, std::int64_t fence,
+                                                const StoredResponse& response,
+                                                Millis retention) {
+  const std::string token = std::to_string(fence);
+  const std::string status = std::to_string(response.status);
+  const std::string headers = detail::encode_headers_json(response.headers);
+  const std::string retention_ms = millis(retention);
+  auto params = answer_params(id, token, status, headers, response);
+  params.push_back(pg::Param::text(retention_ms));
+  params.push_back(pg::Param::text(response.trace_id));
+  auto r = co_await pool->execute(kComplete, std::move(params));
+  if (!r) co_return failed<Completed>(r.error());
+  if (r->rows() == 1) co_return completed_at(*r, 0, 0, Completion::recorded);
+  co_return co_await completed_already(std::move(pool), id, fence, response);
+}
+
+// ------------------------------------------------------------------------------- batches
+
+// A batch the server refused outright (an SQL error: the transaction rolled back, nothing
+// of it was committed) is retried call by call: one member that cannot succeed (a
+// deadlock victim, a value the server rejects) must not fail the others. A batch that
+// timed out or lost its connection may or may not have committed, exactly like a single
+// call in that situation, and retrying would double the wait of every member of a batch
+// against a database that is not answering: each member fails as its own call would.
+bool retry_alone(const error_code& ec) {
+  return !pg::sqlstate(ec).empty() && pg::to_store_errc(ec) == errc::store_protocol;
+}
+
+bool has_nul(std::string_view s) { return s.find('\0') != std::string_view::npos; }
+
+// A map key for the full primary key; lengths first, so no two keys collide.
+std::string full_key(std::string_view tenant, std::string_view endpoint, std::string_view key) {
+  std::string k;
+  k.reserve(tenant.size() + endpoint.size() + key.size() + 12);
+  k.append(std::to_string(tenant.size())).push_back(':');
+  k.append(tenant);
+  k.append(std::to_string(endpoint.size())).push_back(':');
+  k.append(endpoint);
+  k.append(key);
+  return k;
+}
+std::string full_key(const RecordId& id) { return full_key(id.tenant, id.endpoint, id.key); }
+// The key in columns first..first+2 of a row.
+std::string full_key(const pg::Result& r, int row, int first) {
+  return full_key(r.value(row, first), r.value(row, first + 1), r.value(row, first + 2));
+}
+
+bool key_less(const RecordId& a, const RecordId& b) {
+  return std::tie(a.tenant, a.endpoint, a.key) < std::tie(b.tenant, b.endpoint, b.key);
+}
+
+// Parallel arrays of the batch's keys (the first three parameters of every batch).
+struct KeyArrays {
+  ArrayParam tenants{ArrayParam::Type::text};
+  ArrayParam endpoints{ArrayParam::Type::text};
+  ArrayParam keys{ArrayParam::Type::text};
+  void add(const RecordId& id) {
+    tenants.add_text(id.tenant);
+    endpoints.add_text(id.endpoint);
+    keys.add_text(id.key);
+  }
+};
+
+// Encoded parameters and the buffers they view (kept in the batch's frame; a deque, so
+// adding a buffer never moves the earlier ones).
+struct Encoded {
+  std::deque<std::string> storage;
+  std::vector<pg::Param> params;
+  void add(const ArrayParam& a) {
+    storage.emplace_back();
+    params.push_back(a.param(storage.back()));
+  }
+};
+
+struct ClaimItem {
+  ClaimRequest req;  // a copy: a few short strings
+};
+using ClaimBatcher = detail::Batcher<ClaimItem, result<ClaimResult>>;
+
+// Member indexes in key order (one lock order for every batch: kClaimBatchSql); stable,
+// so of a repeated key the member that came first comes first.
+template <class Slots, class IdOf>
+std::vector<std::size_t> key_order(const Slots& batch, IdOf id_of) {
+  std::vector<std::size_t> order(batch.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return key_less(id_of(*batch[a]), id_of(*batch[b]));
+  });
+  return order;
+}
+
+// What one claim batch sends: the INSERT of every distinct key and, when wanted, the read
+// of the rows its losers need. Built before the round trip, from the members' copies.
+struct ClaimPlan {
+  bool read_along = false;
+  std::vector<bool> inserts;  // by member: its row is in the INSERT
+  Encoded insert, read;
+  bool with_read = false;
+};
+
+ClaimPlan plan_claims(const PgStore::Core& core, const std::vector<ClaimBatcher::SlotPtr>& batch) {
+  ClaimPlan plan;
+  plan.read_along = core.read_with_claim();
+  plan.inserts.assign(batch.size(), false);
+  std::unordered_map<std::string, std::size_t> inserting;  // key -> its inserting member
+  std::vector<bool> repeated(batch.size(), false);         // by inserting member
+  KeyArrays insert_keys, read_keys;
+  ArrayParam fingerprints{ArrayParam::Type::text}, principals{ArrayParam::Type::text};
+  ArrayParam leases{ArrayParam::Type::int8}, retentions{ArrayParam::Type::int8};
+  for (const std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return s.item.req.id; })) {
+    const ClaimRequest& req = batch[i]->item.req;
+    auto [it, first] = inserting.emplace(full_key(req.id), i);
+    if (!first) {
+      // A repeat: it needs the key's row (read once per key; with read_along it is
+      // already among the reads).
+      if (!plan.read_along && !repeated[it->second]) read_keys.add(req.id);
+      repeated[it->second] = true;
+      continue;
+    }
+    plan.inserts[i] = true;
+    insert_keys.add(req.id);
+    fingerprints.add_text(req.fingerprint);
+    principals.add_text(req.principal);
+    leases.add_int64(req.lease.count());
+    retentions.add_int64(req.retention.count());
+    if (plan.read_along) read_keys.add(req.id);
+  }
+  for (const auto* a : {&insert_keys.tenants, &insert_keys.endpoints, &insert_keys.keys,
+                        &fingerprints, &principals, &leases, &retentions}) {
+    plan.insert.add(*a);
+  }
+  plan.with_read = read_keys.keys.size() > 0;
+  if (plan.with_read) {
+    for (const auto* a : {&read_keys.tenants, &read_keys.endpoints, &read_keys.keys}) {
+      plan.read.add(*a);
+    }
+  }
+  return plan;
+}
+
+// Each member's answer from the batch's results: winners by the key RETURNING names,
+// losers with the row read for them (repeats always, others with read_along).
+void answer_claims(PgStore::Core& core, const ClaimPlan& plan,
+                   const std::vector<pg::Result>& results,
+                   std::vector<ClaimBatcher::SlotPtr>& batch) {
+  const auto fail_all = [&](error_code ec) {
+    for (auto& s : batch) s->out = result<ClaimResult>(ec);
+  };
+  const pg::Result& won = results[0];
+  std::unordered_map<std::string, Ownership> owners;
+  for (int row = 0; row < won.rows(); ++row) {
+    const auto attempt = won.int64(row, 3);
+    const auto fence = won.int64(row, 4);
+    const auto created = won.int64(row, 5);
+    const auto expires = won.int64(row, 6);
+    if (won.columns() != 7 || !attempt || !fence || !created || !expires) return fail_all(bad_row());
+    owners.emplace(full_key(won, row, 0), Ownership{*attempt, *fence, *created, *expires});
+  }
+  std::unordered_map<std::string, Record> rows;
+  if (plan.with_read) {
+    const pg::Result& read = results[1];
+    for (int row = 0; row < read.rows(); ++row) {
+      auto rec = decode_record(read, row);
+      if (!rec) return fail_all(rec.error());
+      rows.emplace(full_key(read, row, kReadColumns), std::move(*rec));
+    }
+  }
+  for (std::size_t i = 0; i < batch.size(); ++i) {
+    const std::string key = full_key(batch[i]->item.req.id);
+    if (plan.inserts[i]) {
+      if (auto it = owners.find(key); it != owners.end()) {
+        core.count_claim(false);
+        batch[i]->out = ClaimResult{true, it->second};
+        continue;
+      }
+    }
+    core.count_claim(true);
+    ClaimResult lost;
+    if (!plan.inserts[i] || plan.read_along) {
+      lost.row_read = true;
+      if (auto it = rows.find(key); it != rows.end()) lost.row = it->second;
+    }
+    batch[i]->out = std::move(lost);
+  }
+}
+
+// After a failed batch: every member alone (the server refused it) or failed as its own
+// call would have.
+template <class Slots, class Members, class Out>
+void batch_failed(PgStore::Core& core, const error_code& ec, Slots& batch, const Members& members,
+                  Out failure) {
+  const bool alone = retry_alone(ec);
+  if (alone) ++core.stats.batches_refused;
+  for (std::size_t i : members) {
+    if (alone) {
+      batch[i]->alone = true;
+    } else {
+      batch[i]->out = failure;
+    }
+  }
+}
+
+std::vector<std::size_t> all_members(std::size_t n) {
+  std::vector<std::size_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = i;
+  return v;
+}
+
+// One batch of claims in one pipeline: one round trip, one transaction committed at the
+// sync, before any member is answered. A key claimed twice in one batch is inserted once,
+// for the member that came first; the later ones lose and get the row read after the
+// insert, in the same transaction: the winner's row exactly as a claim right after the
+// winner's commit would have read it.
+asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
+                                      std::vector<ClaimBatcher::SlotPtr>& batch) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
+    batch[0]->out = co_await claim_one(core, batch[0]->item.req);
+    co_return;
+  }
+  ClaimPlan plan = plan_claims(*core, batch);
+  ++core->stats.claim_batches;
+  core->stats.claims_batched += batch.size();
+  if (core->on_batch) core->on_batch("claim", batch.size());
+  std::vector<pg::Pool::Batched> statements;
+  statements.push_back({kClaimBatch, std::move(plan.insert.params)});
+  if (plan.with_read) statements.push_back({kReadBatch, std::move(plan.read.params)});
+  auto r = co_await core->pool->execute_pipeline(std::move(statements));
+  if (!r) {
+    batch_failed(*core, r.error(), batch, all_members(batch.size()),
+                 failed<ClaimResult>(r.error()));
+    co_return;
+  }
+  answer_claims(*core, plan, *r, batch);
+}
+
+struct CompleteItem {
+  // Lent by the caller, whose frame holds them while it waits; read only before the
+  // batch's first suspension (see batcher.hpp).
+  const RecordId* id;
+  std::int64_t fence;
+  const StoredResponse* response;
+  Millis retention;
+};
+using CompleteBatcher = detail::Batcher<CompleteItem, result<Completed>>;
+
+// A lone completion, on the batch's side: with copies of what the caller lent, since the
+// statement outlasts the batch's first suspension (a caller whose wait is cancelled would
+// take its id and response with it).
+asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<pg::Pool> pool,
+                                                  const CompleteItem& c) {
+  const RecordId id = *c.id;
+  const StoredResponse response = *c.response;
+  co_return co_await complete_one(std::move(pool), id, c.fence, response, c.retention);
+}
+
+// Larger answers are completed alone: a batch's statement stays a few MiB at most.
+constexpr std::size_t kMaxBatchedBody = 256u << 10;
+
+// Which members the UPDATE carries: each key once, bodies up to kMaxBatchedBody. The
+// others (a repeated key, a large body) are sent alone at once.
+std::vector<std::size_t> completion_members(std::vector<CompleteBatcher::SlotPtr>& batch) {
+  std::unordered_map<std::string, std::size_t> seen;
+  std::vector<std::size_t> members;
+  for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return *s.item.id; })) {
+    const CompleteItem& c = batch[i]->item;
+    const bool big = !c.response->body_omitted && c.response->body.size() > kMaxBatchedBody;
+    if (big || !seen.emplace(full_key(*c.id), i).second) {
+      batch[i]->alone = true;
+      batch[i]->wake.cancel();
+      continue;
+    }
+    members.push_back(i);
+  }
+  return members;
+}
+
+Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
+                           const std::vector<std::size_t>& members) {
+  KeyArrays keys;
+  ArrayParam fences{ArrayParam::Type::int8}, statuses{ArrayParam::Type::int4};
+  ArrayParam headers{ArrayParam::Type::text}, bodies{ArrayParam::Type::bytea};
+  ArrayParam omitted{ArrayParam::Type::boolean}, resources{ArrayParam::Type::text};
+  ArrayParam retentions{ArrayParam::Type::int8}, traces{ArrayParam::Type::text};
+  for (std::size_t i : members) {
+    const CompleteItem& c = batch[i]->item;
+    keys.add(*c.id);
+    fences.add_int64(c.fence);
+    statuses.add_int32(c.response->status);
+    headers.add_text(detail::encode_headers_json(c.response->headers));
+    // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
+    if (c.response->body_omitted) {
+      bodies.add_null();
+    } else {
+      bodies.add_text(c.response->body);
+    }
+    omitted.add_bool(c.response->body_omitted);
+    resources.add_text(c.response->resource_id);
+    retentions.add_int64(c.retention.count());
+    traces.add_text(c.response->trace_id);
+  }
+  Encoded update;
+  for (const auto* a : {&keys.tenants, &keys.endpoints, &keys.keys, &fences, &statuses, &headers,
+                        &bodies, &omitted, &resources, &retentions, &traces}) {
+    update.add(*a);
+  }
+  return update;
+}
+
+// One batch of completions: one UPDATE, each row guarded by its own member's fence. A
+// member it did not write to is answered `fenced` here; the caller then asks, on its
+// own, whether its answer was already recorded (the rare retry path), exactly as the
+// single completion does.
+asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
+                                         std::vector<CompleteBatcher::SlotPtr>& batch) {
+  if (batch.size() == 1 && !core->lone_calls_batched) {
+    batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
+    co_return;
+  }
+  const std::vector<std::size_t> members = completion_members(batch);
+  if (members.empty()) co_return;
+  if (members.size() == 1 && !core->lone_calls_batched) {
+    batch[members[0]]->out = co_await complete_alone(core->pool, batch[members[0]]->item);
+    co_return;
+  }
+  Encoded update = encode_completions(batch, members);
+  std::vector<std::string> member_keys;  // owned: the members' ids are not read after this
+  member_keys.reserve(members.size());
+  for (std::size_t i : members) member_keys.push_back(full_key(*batch[i]->item.id));
+  ++core->stats.completion_batches;
+  core->stats.completions_batched += members.size();
+  if (core->on_batch) core->on_batch("complete", members.size());
+
+  auto r = co_await core->pool->execute(kCompleteBatch, std::move(update.params));
+  if (!r) {
+    batch_failed(*core, r.error(), batch, members, failed<Completed>(r.error()));
+    co_return;
+  }
+  std::unordered_map<std::string, Completed> written;
+  for (int row = 0; row < r->rows(); ++row) {
+    auto done = completed_at(*r, row, 3, Completion::recorded);
+    if (r->columns() != 4 || !done) {
+      for (std::size_t i : members) batch[i]->out = result<Completed>(bad_row());
+      co_return;
+    }
+    written.emplace(full_key(*r, row, 0), *done);
+  }
+  for (std::size_t m = 0; m < members.size(); ++m) {
+    auto it = written.find(member_keys[m]);
+    batch[members[m]]->out = it != written.end() ? it->second : Completed{Completion::fenced, 0};
+  }
+}
+
+}  // namespace
+
+struct PgStore::Batchers {
+  std::shared_ptr<ClaimBatcher> claims;
+  std::shared_ptr<CompleteBatcher> completions;
+};
+
+PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching batching)
+    : core_(std::make_shared<Core>()) {
+  core_->pool = std::move(pool);
+  core_->claim_read = claim_read;
+  core_->lone_calls_batched = batching.lone_calls_batched;
+  core_->on_batch = std::move(batching.on_batch);
+  if (!batching.enabled || (batching.max_size < 2 && !batching.lone_calls_batched)) return;
+  // A batch that threw (it never should) fails its members as a store that broke the
+  // protocol.
+  const auto broken = make_error_code(errc::store_protocol);
+  const ClaimBatcher::Options options{batching.max_size, 1};
+  batchers_ = std::make_shared<Batchers>();
+  batchers_->claims = std::make_shared<ClaimBatcher>(
+      options,
+      [core = core_](std::vector<ClaimBatcher::SlotPtr>& b) { return run_claim_batch(core, b); },
+      result<ClaimResult>(broken));
+  batchers_->completions = std::make_shared<CompleteBatcher>(
+      CompleteBatcher::Options{batching.max_size, 1},
+      [core = core_](std::vector<CompleteBatcher::SlotPtr>& b) {
+        return run_complete_batch(core, b);
+      },
+      result<Completed>(broken));
+}
+
+PgStore::BatchStats PgStore::batch_stats() const noexcept { return core_->stats; }
+
+// A caller whose wait for its batch was cancelled gets what a call cancelled in flight
+// gets (its claim may still be committed by the batch, as a cancelled call's may).
+asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
+  auto core = core_;
+  if (batchers_ && !has_nul(req.id.tenant) && !has_nul(req.id.endpoint) &&
+      !has_nul(req.id.key) && !has_nul(req.fingerprint) && !has_nul(req.principal)) {
+    auto claims = batchers_->claims;
+    // Named, not temporaries in the co_await expression: GCC 12 destroys such
+    // temporaries twice.
+    ClaimItem item{req};
+    auto cancelled = failed<ClaimResult>(make_error_code(pg::errc::cancelled));
+    auto out = co_await claims->submit(std::move(item), std::move(cancelled));
+    if (out) co_return std::move(*out);
+  }
+  co_return co_await claim_one(std::move(core), req);
+}
+
 asio::awaitable<result<std::optional<Record>>> PgStore::read(const RecordId& id) {
   auto params = key_params(id, {});
-  auto r = co_await pool_->execute(kRead, std::move(params));
+  auto r = co_await core_->pool->execute(kRead, std::move(params));
   if (!r) co_return failed<std::optional<Record>>(r.error());
   if (r->rows() == 0) co_return std::optional<Record>{};
   auto rec = decode_record(*r);
@@ -466,7 +1034,7 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::take_over(
   const std::string seen = std::to_string(seen_fence);
   const std::string lease_ms = millis(lease);
   auto params = key_params(id, {pg::Param::text(seen), pg::Param::text(lease_ms)});
-  auto r = co_await pool_->execute(kTakeOver, std::move(params));
+  auto r = co_await core_->pool->execute(kTakeOver, std::move(params));
   if (!r) co_return failed<std::optional<Ownership>>(r.error());
   co_return returned_ownership(*r);
 }
@@ -479,7 +1047,7 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
   auto params = key_params(req.id, {pg::Param::text(req.fingerprint),
                                     pg::Param::text(req.principal), pg::Param::text(lease),
                                     pg::Param::text(retention), pg::Param::text(seen)});
-  auto r = co_await pool_->execute(kReplaceExpired, std::move(params));
+  auto r = co_await core_->pool->execute(kReplaceExpired, std::move(params));
   if (!r) co_return failed<std::optional<Ownership>>(r.error());
   co_return returned_ownership(*r);
 }
@@ -487,42 +1055,29 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
 asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::int64_t fence,
                                                       const StoredResponse& response,
                                                       Millis retention) {
-  const std::string token = std::to_string(fence);
-  const std::string status = std::to_string(response.status);
-  const std::string headers = detail::encode_headers_json(response.headers);
-  const std::string retention_ms = millis(retention);
-  // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
-  const pg::Param body =
-      response.body_omitted ? pg::Param::null_value() : pg::Param::bytes(response.body);
-  const std::vector<pg::Param> answer{
-      pg::Param::text(token), pg::Param::text(status), pg::Param::text(headers), body,
-      pg::Param::text(response.body_omitted ? "true" : "false"),
-      pg::Param::text(response.resource_id)};
-  auto params = key_params(id, {});
-  params.insert(params.end(), answer.begin(), answer.end());
-  auto check_params = params;  // the same, without the retention
-  params.push_back(pg::Param::text(retention_ms));
-  params.push_back(pg::Param::text(response.trace_id));
-  auto r = co_await pool_->execute(kComplete, std::move(params));
-  if (!r) co_return failed<Completed>(r.error());
-  const auto expiry = [](const pg::Result& rows) -> result<Completed> {
-    const auto us = rows.int64(0, 0);
-    if (!us) return bad_row();
-    return Completed{Completion::recorded, *us};
-  };
-  if (r->rows() == 1) co_return expiry(*r);
-  auto already = co_await pool_->execute(kCompletedAlready, std::move(check_params));
-  if (!already) co_return failed<Completed>(already.error());
-  if (already->rows() != 1) co_return Completed{Completion::fenced, 0};
-  auto done = expiry(*already);
-  if (done) done->outcome = Completion::already_recorded;
-  co_return done;
+  auto pool = core_->pool;
+  const bool batchable = batchers_ && !has_nul(id.tenant) && !has_nul(id.endpoint) &&
+                         !has_nul(id.key) && !has_nul(response.resource_id);
+  if (batchable) {
+    auto completions = batchers_->completions;
+    CompleteItem item{&id, fence, &response, retention};
+    auto cancelled = failed<Completed>(make_error_code(pg::errc::cancelled));
+    auto out = co_await completions->submit(std::move(item), std::move(cancelled));
+    if (out) {
+      // The batch wrote nothing for this member: ask, as the single completion does.
+      if (*out && (*out)->outcome == Completion::fenced) {
+        co_return co_await completed_already(std::move(pool), id, fence, response);
+      }
+      co_return std::move(*out);
+    }
+  }
+  co_return co_await complete_one(std::move(pool), id, fence, response, retention);
 }
 
 asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t fence) {
   const std::string token = std::to_string(fence);
   auto params = key_params(id, {pg::Param::text(token)});
-  auto r = co_await pool_->execute(kRelease, std::move(params));
+  auto r = co_await core_->pool->execute(kRelease, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
 }
@@ -532,7 +1087,7 @@ asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fe
   const std::string token = std::to_string(fence);
   const std::string lease_ms = millis(lease);
   auto params = key_params(id, {pg::Param::text(token), pg::Param::text(lease_ms)});
-  auto r = co_await pool_->execute(kRenew, std::move(params));
+  auto r = co_await core_->pool->execute(kRenew, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
 }
@@ -540,14 +1095,14 @@ asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fe
 asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t fence) {
   const std::string token = std::to_string(fence);
   auto params = key_params(id, {pg::Param::text(token)});
-  auto r = co_await pool_->execute(kExpireLease, std::move(params));
+  auto r = co_await core_->pool->execute(kExpireLease, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
 }
 
 asio::awaitable<result<bool>> PgStore::purge(const RecordId& id) {
   auto params = key_params(id, {});
-  auto r = co_await pool_->execute(kPurge, std::move(params));
+  auto r = co_await core_->pool->execute(kPurge, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
 }
@@ -556,13 +1111,13 @@ asio::awaitable<result<std::size_t>> PgStore::delete_expired(std::size_t batch) 
   if (batch == 0) co_return std::size_t{0};
   const std::string limit = std::to_string(batch);
   std::vector<pg::Param> params{pg::Param::text(limit)};
-  auto r = co_await pool_->execute(kDeleteExpired, std::move(params));
+  auto r = co_await core_->pool->execute(kDeleteExpired, std::move(params));
   if (!r) co_return failed<std::size_t>(r.error());
   co_return static_cast<std::size_t>(r->affected_rows());
 }
 
 asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age() {
-  auto r = co_await pool_->execute(kOldestInProgress, std::vector<pg::Param>{});
+  auto r = co_await core_->pool->execute(kOldestInProgress, std::vector<pg::Param>{});
   if (!r) co_return failed<std::optional<Millis>>(r.error());
   if (r->rows() != 1) co_return bad_row();
   if (r->is_null(0, 0)) co_return std::optional<Millis>{};
@@ -574,7 +1129,7 @@ asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age()
 asio::awaitable<result<bool>> PgStore::register_operation(const RecordId& id,
                                                          std::string_view operation_id) {
   auto params = key_params(id, {pg::Param::text(operation_id)});
-  auto r = co_await pool_->execute(kRegisterOperation, std::move(params));
+  auto r = co_await core_->pool->execute(kRegisterOperation, std::move(params));
   if (!r) {
     // The record was deleted between the EXISTS and the insert's key check: nothing to
     // register, as if it had gone a moment earlier.
@@ -589,7 +1144,7 @@ asio::awaitable<result<bool>> PgStore::register_operation(const RecordId& id,
 asio::awaitable<result<std::optional<OperationRecord>>> PgStore::find_operation(
     std::string_view tenant, std::string_view operation_id) {
   std::vector<pg::Param> params{pg::Param::text(tenant), pg::Param::text(operation_id)};
-  auto r = co_await pool_->execute(kFindOperation, std::move(params));
+  auto r = co_await core_->pool->execute(kFindOperation, std::move(params));
   if (!r) co_return failed<std::optional<OperationRecord>>(r.error());
   if (r->rows() == 0) co_return std::optional<OperationRecord>{};
   if (r->columns() != kReadColumns + 2) co_return bad_row();

@@ -8,12 +8,34 @@
 // Like the pool, a PgStore belongs to one io_context thread. It must outlive the start of
 // each call; a call in flight keeps the pool alive by itself. Request arguments (ids,
 // bodies) are referenced, not copied: keep them alive until the call completes.
+#include <cstdint>
+#include <functional>
 #include <memory>
+#include <string_view>
 
 #include "pg/pool.hpp"
 #include "store/store.hpp"
 
 namespace idem::store {
+
+// Group commit (database.batching): the claims, and the completions, of concurrent
+// requests on this store's event loop go out together, one statement and one commit
+// per batch (natural batching: the next batch forms while one is in flight; a lone call
+// goes out at once). Each call still gets exactly what its own statement would have
+// answered, and each claim is committed before claim() returns. A batch the server
+// refuses (an SQL error: nothing of it was committed) is retried call by call, so one
+// call that cannot succeed never fails the others; a batch that timed out or lost its
+// connection fails each of its calls as a single call would have failed.
+struct PgBatching {
+  bool enabled = true;
+  std::size_t max_size = 32;  // calls per batch
+  // A lone call normally keeps its single statement (the cheaper plan for one row); the
+  // tests set this to run every call through the batch statements.
+  bool lone_calls_batched = false;
+  // Told of every batch statement sent: "claim" or "complete", and how many calls it
+  // carried (for metrics). Runs on the store's thread; may be empty.
+  std::function<void(std::string_view op, std::size_t calls)> on_batch;
+};
 
 class PgStore final : public Store {
  public:
@@ -23,8 +45,11 @@ class PgStore final : public Store {
   // one in eight of the recent ones, e.g. during a retry storm); `always`/`never` pin it.
   enum class ClaimRead { adaptive, always, never };
 
+  using Batching = PgBatching;
+
   // The pool must have been created with pg_store_statements() prepared on each connection.
-  explicit PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read = ClaimRead::adaptive);
+  explicit PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read = ClaimRead::adaptive,
+                   Batching batching = {});
 
   asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) override;
   asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) override;
@@ -48,15 +73,25 @@ class PgStore final : public Store {
   asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
       std::string_view tenant, std::string_view operation_id) override;
 
- private:
-  bool read_with_claim() const noexcept;
+  // How many claim and completion statements were sent as batches, and how many calls
+  // they carried (calls sent alone are not counted): for tests and measurements.
+  struct BatchStats {
+    std::uint64_t claim_batches = 0;
+    std::uint64_t claims_batched = 0;
+    std::uint64_t completion_batches = 0;
+    std::uint64_t completions_batched = 0;
+    std::uint64_t batches_refused = 0;  // refused by the server, retried call by call
+  };
+  BatchStats batch_stats() const noexcept;
 
-  std::shared_ptr<pg::Pool> pool_;
-  ClaimRead claim_read_;
-  // Exponentially weighted share of recent claims that were lost (0..1). Shared with the
-  // calls in flight, which update it after their round trip (the store itself need only
-  // outlive the start of a call).
-  std::shared_ptr<double> lost_share_ = std::make_shared<double>(0.0);
+  // Shared with the calls and batches in flight (the store itself need only outlive the
+  // start of a call): the pool, the claim-read policy and its statistics.
+  struct Core;
+  struct Batchers;
+
+ private:
+  std::shared_ptr<Core> core_;
+  std::shared_ptr<Batchers> batchers_;  // null when batching is off
 };
 
 // The statements PgStore uses, to be prepared on every pooled connection.

@@ -51,7 +51,9 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_refetches_total") == "counter");
   CHECK(e.types.at("idemproxy_reconciliations_total") == "counter");
   CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
-  CHECK(e.types.size() == 22);
+  CHECK(e.types.at("idemproxy_store_batches_total") == "counter");
+  CHECK(e.types.at("idemproxy_store_batched_calls_total") == "counter");
+  CHECK(e.types.size() == 24);
   for (const char* result : {"exported", "dropped", "failed"}) {
     CHECK(e.get("idemproxy_trace_spans_total", {{"result", result}}) == 0);
   }
@@ -64,6 +66,8 @@ TEST_CASE("a fresh registry exposes every declared metric") {
     CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", op}}) == 0);
   }
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
+  CHECK(e.get("idemproxy_store_batches_total", {{"op", "claim"}}) == 0);
+  CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", "complete"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
   for (const char* answer : {"replayed", "in_progress", "key_reused", "forbidden", "unavailable"}) {
@@ -110,6 +114,8 @@ TEST_CASE("recorded values appear in the exposition") {
   m.request("unmatched", Outcome::passthrough, 0.5);
   m.upstream_duration(0.2);
   m.store_duration(StoreOp::claim, 0.001);
+  m.store_batch("claim", 5);
+  m.store_batch("claim", 3);
   m.takeover();
   m.fenced_write();
   m.fenced_write();
@@ -142,6 +148,9 @@ TEST_CASE("recorded values appear in the exposition") {
     CHECK(e.get("idemproxy_requests_total", {{"route", "create-order"}, {"outcome", outcome}}) == expected);
   }
   CHECK(e.get("idemproxy_requests_total", {{"route", "unmatched"}, {"outcome", "passthrough"}}) == 1);
+  CHECK(e.get("idemproxy_store_batches_total", {{"op", "claim"}}) == 2);
+  CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", "claim"}}) == 8);
+  CHECK(e.get("idemproxy_store_batches_total", {{"op", "complete"}}) == 0);
   CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", "create-order"}}) == 3);
   CHECK(e.get("idemproxy_request_duration_seconds_sum", {{"route", "create-order"}}) == doctest::Approx(0.017));
   CHECK(e.get("idemproxy_upstream_duration_seconds_count") == 1);
@@ -224,7 +233,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
       do {
         const auto e = parse(m.render_prometheus());
         CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
-        CHECK(e.types.size() == 22);
+        CHECK(e.types.size() == 24);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {

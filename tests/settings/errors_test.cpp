@@ -125,6 +125,8 @@ TEST_CASE("integers and enums") {
                      "database.pool_size", "expected an integer");
   CHECK_CONFIG_ERROR("upstream: {url: \"http://h\"}\ndatabase:\n  url: host=x\n  migrate: yes\n", 4,
                      "database.migrate", "invalid value 'yes': expected check | auto | off");
+  CHECK_CONFIG_ERROR("upstream: {url: \"http://h\"}\ndatabase:\n  url: host=x\n  batch_max: 1\n", 4,
+                     "database.batch_max", "must be between 2 and 1000, got 1");
   CHECK_CONFIG_ERROR(kMinimal + "log:\n  format: xml\n", 6, "log.format", "expected json | text");
   CHECK_CONFIG_ERROR(kMinimal + "unmatched: drop\n", 5, "unmatched", "expected pass | reject");
   CHECK_CONFIG_ERROR(kMinimal + "cleanup: {batch: 0}\n", 5, "cleanup.batch", "between 1 and 100000");

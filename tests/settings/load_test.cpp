@@ -97,6 +97,8 @@ TEST_CASE("the contract's example configuration loads with the stated values") {
   CHECK(s->database.connect_timeout == Millis(5000));
   CHECK(s->database.statement_timeout == Millis(2000));
   CHECK(s->database.migrate == MigrateMode::check);
+  CHECK(s->database.batching);
+  CHECK(s->database.batch_max == 32);
   CHECK(s->tenant.header == "X-Tenant-Id");
   CHECK(s->tenant.principal_header == "");
   CHECK(s->limits.max_header_bytes == 16u * 1024);

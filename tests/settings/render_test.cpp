@@ -26,6 +26,8 @@ void check_same(const Settings& a, const Settings& b) {
   CHECK(a.database.connect_timeout == b.database.connect_timeout);
   CHECK(a.database.statement_timeout == b.database.statement_timeout);
   CHECK(a.database.migrate == b.database.migrate);
+  CHECK(a.database.batching == b.database.batching);
+  CHECK(a.database.batch_max == b.database.batch_max);
   CHECK(a.tenant.header == b.tenant.header);
   CHECK(a.tenant.principal_header == b.tenant.principal_header);
   CHECK(a.tenant.from == b.tenant.from);
@@ -121,6 +123,8 @@ database:
   connect_timeout: 7s
   statement_timeout: 250ms
   migrate: auto
+  batching: false
+  batch_max: 7
 tenant:
   header: X-Org
   principal_header: X-User-Id

@@ -102,7 +102,7 @@ auto run_concurrently(H& h, int n, MakeCall make_call) {
 
 }  // namespace
 
-#define STORES test::MemoryHarness, test::PgHarness
+#define STORES test::MemoryHarness, test::PgHarness, test::PgBatchedHarness
 
 TEST_CASE_TEMPLATE("claim: the first wins with attempt 1, later claims lose", H, STORES) {
   H h;

@@ -142,15 +142,21 @@ class PgHarness {
  public:
   static constexpr const char* kName = "PgStore";
 
-  PgHarness()
+  PgHarness() : PgHarness(store::PgBatching{}) {}
+
+ protected:
+  explicit PgHarness(store::PgBatching batching)
       : sql_(store_database().url()),
         pool_(pg::Pool::create(ctx_.get_executor(), store_pool_options())),
-        store_(pool_) {
+        store_(pool_, store::PgStore::ClaimRead::adaptive, batching) {
     // Each case starts from an empty table: cleanup and count checks see only their rows.
     sql_.exec("TRUNCATE idempotency_requests CASCADE");
   }
 
+
+ public:
   store::Store& store() { return store_; }
+  store::PgStore& pg_store() { return store_; }
   asio::io_context& ctx() { return ctx_; }
   Db& sql() { return sql_; }
   const std::shared_ptr<pg::Pool>& pool() { return pool_; }
@@ -191,6 +197,22 @@ class PgHarness {
   asio::io_context ctx_;
   std::shared_ptr<pg::Pool> pool_;
   store::PgStore store_;
+};
+
+// PgStore with every call, even a lone one, sent through the batch statements
+// (kClaimBatchSql, kReadBatchSql, kCompleteBatchSql): the conformance suite then proves
+// those statements' answers identical to the single ones'.
+class PgBatchedHarness : public PgHarness {
+ public:
+  static constexpr const char* kName = "PgStore (batch statements)";
+  PgBatchedHarness() : PgHarness(batch_everything()) {}
+
+ private:
+  static store::PgBatching batch_everything() {
+    store::PgBatching b;
+    b.lone_calls_batched = true;
+    return b;
+  }
 };
 
 }  // namespace idem::test

@@ -1,0 +1,144 @@
+#pragma once
+// Natural batching of concurrent store calls on one event loop (internal to store/).
+//
+// A call is queued; if fewer than `max_in_flight` batches are running, a batch starts at
+// once with everything queued (up to `max_size`), so at low load a lone call goes out
+// alone after one pass of the event loop, with no timer. While a batch is in flight the
+// calls that arrive meanwhile queue up and leave together as the next batch, the moment
+// the running one is done: the busier the store, the larger the batches, and never a
+// wait for a batch to fill.
+//
+// The runner decides each slot: it sets `out` (the call's answer) or `alone` (the batch
+// could not decide this call: the caller runs it on its own, e.g. after the batch's
+// statement failed). A slot it leaves undecided, or every slot of a runner that threw,
+// gets `failure`. A caller is woken as soon as its slot is decided.
+//
+// Lifetimes: the Batcher lives in a shared_ptr; a running batch holds it. A slot is
+// shared by its caller and the batch, so neither outlives the other's writes. A caller
+// whose coroutine ends while its slot is still queued (cancelled, or its io_context shut
+// down) takes the slot out of the queue first, so a runner only ever sees slots whose
+// callers are alive at the moment it takes them — which is why a runner may read
+// `item`'s referenced data up to its first suspension, and must copy what it needs later.
+//
+// Like the pool, a Batcher belongs to one thread: no locks.
+#include <cstddef>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/this_coro.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "common/types.hpp"
+
+namespace idem::store::detail {
+
+template <class Item, class Out>
+class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
+ public:
+  struct Slot {
+    Slot(asio::any_io_executor ex, Item i) : item(std::move(i)), wake(std::move(ex)) {}
+    Item item;
+    std::optional<Out> out;
+    bool alone = false;
+    bool queued = true;
+    asio::steady_timer wake;  // cancelled once decided
+  };
+  using SlotPtr = std::shared_ptr<Slot>;
+  // One batch, in queue order. Must not throw past its first suspension in a way that
+  // loses slots: undecided slots get `failure` anyway.
+  using Runner = std::function<asio::awaitable<void>(std::vector<SlotPtr>&)>;
+
+  struct Options {
+    std::size_t max_size = 32;
+    std::size_t max_in_flight = 1;
+  };
+
+  Batcher(Options options, Runner runner, Out failure)
+      : options_(options), runner_(std::move(runner)), failure_(std::move(failure)) {}
+
+  // The call's answer, or nullopt: run it alone. `cancelled` is what a caller whose wait
+  // was cancelled gets (its call may still run, as a call cancelled in flight may).
+  asio::awaitable<std::optional<Out>> submit(Item item, Out cancelled) {
+    auto ex = co_await asio::this_coro::executor;
+    auto slot = std::make_shared<Slot>(ex, std::move(item));
+    slot->wake.expires_at(asio::steady_timer::time_point::max());
+    QueueGuard guard{this->shared_from_this(), slot};
+    queue_.push_back(slot);
+    start(ex);
+    error_code ec;
+    co_await slot->wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (slot->alone) co_return std::nullopt;
+    if (!slot->out) co_return std::optional<Out>(std::move(cancelled));  // guard unqueues
+    co_return std::move(slot->out);
+  }
+
+  std::size_t queued() const noexcept { return queue_.size(); }
+
+ private:
+  struct QueueGuard {
+    std::shared_ptr<Batcher> self;
+    SlotPtr slot;
+    ~QueueGuard() {
+      if (!slot->queued) return;
+      auto& q = self->queue_;
+      for (auto it = q.begin(); it != q.end(); ++it) {
+        if (*it == slot) {
+          q.erase(it);
+          break;
+        }
+      }
+    }
+  };
+
+  void start(const asio::any_io_executor& ex) {
+    if (in_flight_ >= options_.max_in_flight) return;
+    ++in_flight_;
+    asio::co_spawn(ex, drive(this->shared_from_this(), ex), [](std::exception_ptr) {});
+  }
+
+  // Runs batches while calls are queued; the in-flight count covers the whole loop.
+  static asio::awaitable<void> drive(std::shared_ptr<Batcher> self, asio::any_io_executor ex) {
+    struct InFlight {
+      Batcher& b;
+      ~InFlight() { --b.in_flight_; }
+    } in_flight{*self};
+    // One pass of the event loop first: calls that are ready to run in the same pass
+    // (other requests' claims) join this batch instead of starting the next one.
+    co_await asio::post(ex, asio::use_awaitable);
+    for (;;) {
+      std::vector<SlotPtr> batch;
+      while (!self->queue_.empty() && batch.size() < self->options_.max_size) {
+        batch.push_back(std::move(self->queue_.front()));
+        self->queue_.pop_front();
+        batch.back()->queued = false;
+      }
+      if (batch.empty()) co_return;
+      try {
+        co_await self->runner_(batch);
+      } catch (...) {
+        // Nothing may escape into the event loop; the slots fail below.
+      }
+      for (auto& s : batch) {
+        if (!s->out && !s->alone) s->out = self->failure_;
+        s->wake.cancel();
+      }
+    }
+  }
+
+  Options options_;
+  Runner runner_;
+  Out failure_;
+  std::deque<SlotPtr> queue_;
+  std::size_t in_flight_ = 0;
+};
+
+}  // namespace idem::store::detail
