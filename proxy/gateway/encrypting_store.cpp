@@ -82,4 +82,19 @@ asio::awaitable<result<std::optional<Millis>>> EncryptingStore::oldest_in_progre
   co_return co_await inner_.oldest_in_progress_age();
 }
 
+asio::awaitable<result<bool>> EncryptingStore::register_operation(const store::RecordId& id,
+                                                                 std::string_view operation_id) {
+  co_return co_await inner_.register_operation(id, operation_id);
+}
+
+asio::awaitable<result<std::optional<store::OperationRecord>>> EncryptingStore::find_operation(
+    std::string_view tenant, std::string_view operation_id) {
+  auto r = co_await inner_.find_operation(tenant, operation_id);
+  if (r && *r && !open_row((*r)->id, (*r)->record)) {
+    co_return result<std::optional<store::OperationRecord>>(boost::system::in_place_error,
+                                                            unreadable());
+  }
+  co_return r;
+}
+
 }  // namespace idem::gateway

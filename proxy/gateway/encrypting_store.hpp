@@ -34,6 +34,11 @@ class EncryptingStore final : public store::Store {
   asio::awaitable<result<bool>> purge(const store::RecordId& id) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+  asio::awaitable<result<bool>> register_operation(const store::RecordId& id,
+                                                   std::string_view operation_id) override;
+  // The status resource's record: opened like a read's (a completed one may be replayed).
+  asio::awaitable<result<std::optional<store::OperationRecord>>> find_operation(
+      std::string_view tenant, std::string_view operation_id) override;
 
  private:
   // Opens the row's answer in place; false when it does not open.
