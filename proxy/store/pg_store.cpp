@@ -322,6 +322,7 @@ CROSS JOIN LATERAL (
          (extract(epoch FROM expires_at) * 1000000)::bigint,
          (extract(epoch FROM lease_expires_at) * 1000000)::bigint,
          GREATEST(0, floor(extract(epoch FROM expires_at - now()) * 1000))::bigint,
+         trace_id,
          tenant_id, endpoint, idempotency_key
   FROM idempotency_requests
   WHERE tenant_id = u.tenant_id AND endpoint = u.endpoint
