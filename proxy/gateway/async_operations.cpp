@@ -5,6 +5,7 @@
 // (idempotency/protocol.hpp): this file only decides when the client stops waiting for it.
 #include <algorithm>
 #include <chrono>
+#include <iterator>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -74,7 +75,7 @@ std::string status_body(std::string_view status, std::string_view op_id, std::in
 
 // The values the client's exchange needs from the one the detached job ran (access log,
 // metrics, the 202's attempt).
-void take_results(Gateway::Exchange& client, const Gateway::Exchange& job) {
+void take_results(Gateway::Exchange& client, Gateway::Exchange& job) {
   client.outcome = job.outcome;
   client.code = job.code;
   client.fenced = job.fenced;
@@ -83,6 +84,12 @@ void take_results(Gateway::Exchange& client, const Gateway::Exchange& job) {
   client.store_seconds = job.store_seconds;
   client.upstream_seconds = job.upstream_seconds;
   client.key_expires_at_us = job.key_expires_at_us;
+  client.record_trace_id = job.record_trace_id;
+  client.answer_from_record = job.answer_from_record;
+  // The job's spans so far join the request's (those after a 202 are not exported).
+  client.spans.insert(client.spans.end(), std::make_move_iterator(job.spans.begin()),
+                      std::make_move_iterator(job.spans.end()));
+  job.spans.clear();
 }
 
 }  // namespace

@@ -683,6 +683,11 @@ void Gateway::Exchange::continue_from(const Exchange& a) {
   waiter_key = a.waiter_key;
   key_hash = a.key_hash;
   outcome = a.outcome;
+  // The request's trace goes on in the job: its forward, record and spans belong to it.
+  trace = a.trace;
+  trace_id = a.trace_id;
+  record_spans = a.record_spans;
+  started_unix_ns = a.started_unix_ns;
 }
 
 namespace {

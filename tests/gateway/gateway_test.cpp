@@ -1659,3 +1659,19 @@ TEST_CASE("policy: GET policy_path tells clients each route's key, lifetime and 
   f.call(status_get("/.well-known/idempotency", ""));
   CHECK(f.upstream.calls.size() == 1);
 }
+
+TEST_CASE("async: the request's trace goes on in the job: the backend and the record see it") {
+  Fixture f;
+  use_async(f, Millis{60000});
+  auto req = Fixture::order("k1", kBody);
+  const std::string trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+  req.set("traceparent", "00-" + trace + "-00f067aa0ba902b7-01");
+  auto first = f.call(std::move(req));
+  CHECK(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(std::string(f.upstream.calls[0]["traceparent"]).find(trace) != std::string::npos);
+  auto row = f.row("k1");
+  REQUIRE(row);
+  REQUIRE(row->response);
+  CHECK(row->response->trace_id == trace);
+}
