@@ -25,20 +25,6 @@ void wait_for_lease_expiry(Db& db, const std::string& tenant, const std::string&
       10s, "the idempotency record's lease to lapse");
 }
 
-// Retries until the answer is no longer "in progress" (a live lease of a dead owner),
-// as a well-behaved client honouring Retry-After would, only faster.
-HttpResponse retry_until_settled(OrderStack& stack, const std::string& body,
-                                 const Headers& headers) {
-  HttpResponse res;
-  wait_until(
-      [&] {
-        auto client = stack.client();
-        res = client.post("/orders", body, headers);
-        return !(res.status == 409 && problem_code(res) == "idempotency_in_progress");
-      },
-      15s, "a retry to get past idempotency_in_progress");
-  return res;
-}
 
 }  // namespace
 

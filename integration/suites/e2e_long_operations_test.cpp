@@ -136,14 +136,7 @@ TEST_CASE("e2e: reconciliation finds the order a killed sidecar's call committed
   REQUIRE(arrivals(db, tenant) == 1);
 
   stack.sidecar().restart();
-  HttpResponse retry;
-  wait_until(
-      [&] {
-        auto c = stack.client();
-        retry = c.post("/orders", body, order_headers(tenant, key));
-        return !(retry.status == 409 && problem_code(retry) == "idempotency_in_progress");
-      },
-      15s, "the dead owner's lease to lapse");
+  const auto retry = retry_until_settled(stack, body, order_headers(tenant, key));
   CHECK(retry.status == 201);
   CHECK(retry.header("Idempotent-Replayed") != "true");  // the first answer this client sees
   const auto orders = orders_of(db, tenant);

@@ -1,5 +1,7 @@
 #include "e2e_stack.hpp"
 
+#include "test_support/problem.hpp"
+
 #include <filesystem>
 
 #include <boost/json/parse.hpp>
@@ -140,6 +142,21 @@ SELECT (SELECT count(*) FROM demo_orders.orders WHERE tenant_id = $1),
   const auto& r = rows.at(0);
   const auto n = [&](std::size_t i) { return std::stoll(r.at(i).value_or("0")); };
   return {n(0), n(1), n(2), n(3), n(4), n(5), n(6)};
+}
+
+// Retries until the answer is no longer "in progress" (a live lease of a dead owner),
+// as a well-behaved client honouring Retry-After would, only faster.
+HttpResponse retry_until_settled(OrderStack& stack, const std::string& body,
+                                 const Headers& headers) {
+  HttpResponse res;
+  wait_until(
+      [&] {
+        auto client = stack.client();
+        res = client.post("/orders", body, headers);
+        return !(res.status == 409 && test::problem_code(res) == "idempotency_in_progress");
+      },
+      15s, "a retry to get past idempotency_in_progress");
+  return res;
 }
 
 Counts wait_for_delivery(Db& db, const std::string& tenant, std::int64_t events, Millis timeout) {

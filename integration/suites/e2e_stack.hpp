@@ -137,6 +137,11 @@ inline std::ostream& operator<<(std::ostream& os, const Footprint& f) {
             << f.reservations << "}";
 }
 
+// Retries the request until its answer is no longer 409 idempotency_in_progress (a live
+// lease of a dead owner), as a client honouring Retry-After would, only faster.
+HttpResponse retry_until_settled(OrderStack& stack, const std::string& body,
+                                 const Headers& headers);
+
 // Waits until the relay marked `events` outbox events of the tenant delivered (and none is
 // dead), then returns the counts. The relay is asynchronous: never assert its effects
 // without this.
