@@ -416,7 +416,7 @@ struct Metrics::Impl {
       store_ops[static_cast<std::size_t>(i)] = &store_duration.get(to_string(static_cast<StoreOp>(i)));
     }
     for (auto kind : kKnownStoreErrors) store_errors.get(kind);
-    for (auto op : {"claim", "complete"}) {
+    for (auto op : {"claim", "complete", "release", "renew"}) {
       store_batches.get(op);
       store_batched_calls.get(op);
     }

@@ -42,6 +42,8 @@ constexpr const char* kFindOperation = "idem_find_operation";
 constexpr const char* kClaimBatch = "idem_claim_batch";
 constexpr const char* kReadBatch = "idem_read_batch";
 constexpr const char* kCompleteBatch = "idem_complete_batch";
+constexpr const char* kReleaseBatch = "idem_release_batch";
+constexpr const char* kRenewBatch = "idem_renew_batch";
 
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
@@ -361,6 +363,36 @@ WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
 RETURNING r.tenant_id, r.endpoint, r.idempotency_key,
           (extract(epoch FROM r.expires_at) * 1000000)::bigint)sql";
 
+// kReleaseSql and kRenewSql for many records, each guarded by its own member's fencing
+// token and the in-progress state, like kCompleteBatchSql (the same join on the full key,
+// members sorted by key, the same redundant tenant condition for partition pruning). A
+// member whose guard fails is absent from RETURNING: its write matched nothing, which is
+// exactly what its single statement would have answered (false). A released row takes
+// its registered operation ids with it (ON DELETE CASCADE), as the single DELETE does.
+constexpr const char* kReleaseBatchSql = R"sql(
+DELETE FROM idempotency_requests AS r
+USING unnest($1::text[], $2::text[], $3::text[], $4::bigint[])
+        AS u(tenant_id, endpoint, idempotency_key, fencing_token)
+WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
+  AND r.idempotency_key = u.idempotency_key
+  AND r.fencing_token = u.fencing_token
+  AND r.state = 'in_progress'
+  AND r.tenant_id = ANY($1::text[])
+RETURNING r.tenant_id, r.endpoint, r.idempotency_key)sql";
+
+constexpr const char* kRenewBatchSql = R"sql(
+UPDATE idempotency_requests AS r
+SET lease_expires_at = now() + u.lease_ms * interval '1 millisecond',
+    expires_at = GREATEST(r.expires_at, now() + u.lease_ms * interval '1 millisecond')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[])
+       AS u(tenant_id, endpoint, idempotency_key, fencing_token, lease_ms)
+WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
+  AND r.idempotency_key = u.idempotency_key
+  AND r.fencing_token = u.fencing_token
+  AND r.state = 'in_progress'
+  AND r.tenant_id = ANY($1::text[])
+RETURNING r.tenant_id, r.endpoint, r.idempotency_key)sql";
+
 // The store-level error for a failed pg call. Built in place: result<bool> refuses an
 // implicit error_code, which is itself convertible to bool.
 template <class T>
@@ -491,6 +523,8 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kClaimBatch, kClaimBatchSql},
       {kReadBatch, kReadBatchSql},
       {kCompleteBatch, kCompleteBatchSql},
+      {kReleaseBatch, kReleaseBatchSql},
+      {kRenewBatch, kRenewBatchSql},
   };
   return statements;
 }
@@ -970,11 +1004,91 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
   }
 }
 
+// Releases and renewals: the owner writes that carry nothing but the key, the fence and
+// (renewals) the lease, and answer whether they matched.
+enum class FencedWrite { release, renew };
+
+struct FencedItem {
+  RecordId id;  // a copy: a few short strings
+  std::int64_t fence;
+  Millis lease{0};  // renewals only
+};
+using FencedBatcher = detail::Batcher<FencedItem, result<bool>>;
+
+asio::awaitable<result<bool>> fenced_one(std::shared_ptr<pg::Pool> pool, FencedWrite kind,
+                                         const FencedItem& w) {
+  const std::string token = std::to_string(w.fence);
+  const std::string lease_ms = millis(w.lease);
+  auto params = key_params(w.id, {pg::Param::text(token)});
+  if (kind == FencedWrite::renew) params.push_back(pg::Param::text(lease_ms));
+  const char* statement = kind == FencedWrite::release ? kRelease : kRenew;
+  auto r = co_await pool->execute(statement, std::move(params));
+  if (!r) co_return failed<bool>(r.error());
+  co_return r->affected_rows() == 1;
+}
+
+// One batch of releases or of renewals: one statement, each row guarded by its own
+// member's fence; a member its statement did not match is answered false. A key that
+// repeats within the batch (two callers writing one record) goes alone, so that each
+// member is answered by its own write.
+asio::awaitable<void> run_fenced_batch(std::shared_ptr<PgStore::Core> core, FencedWrite kind,
+                                       std::vector<FencedBatcher::SlotPtr>& batch) {
+  std::unordered_map<std::string, std::size_t> seen;
+  std::vector<std::size_t> members;
+  for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return s.item.id; })) {
+    if (!seen.emplace(full_key(batch[i]->item.id), i).second) {
+      batch[i]->alone = true;
+      batch[i]->wake.cancel();
+      continue;
+    }
+    members.push_back(i);
+  }
+  if (members.empty()) co_return;
+  if (members.size() == 1 && !core->lone_calls_batched) {
+    batch[members[0]]->out = co_await fenced_one(core->pool, kind, batch[members[0]]->item);
+    co_return;
+  }
+  KeyArrays keys;
+  ArrayParam fences{ArrayParam::Type::int8}, leases{ArrayParam::Type::int8};
+  for (std::size_t i : members) {
+    keys.add(batch[i]->item.id);
+    fences.add_int64(batch[i]->item.fence);
+    leases.add_int64(batch[i]->item.lease.count());
+  }
+  Encoded statement;
+  for (const auto* a : {&keys.tenants, &keys.endpoints, &keys.keys, &fences}) statement.add(*a);
+  if (kind == FencedWrite::renew) statement.add(leases);
+  const bool release = kind == FencedWrite::release;
+  auto& stats = core->stats;
+  ++(release ? stats.release_batches : stats.renewal_batches);
+  (release ? stats.releases_batched : stats.renewals_batched) += members.size();
+  if (core->on_batch) core->on_batch(release ? "release" : "renew", members.size());
+
+  const char* name = release ? kReleaseBatch : kRenewBatch;
+  auto r = co_await core->pool->execute(name, std::move(statement.params));
+  if (!r) {
+    batch_failed(*core, r.error(), batch, members, failed<bool>(r.error()));
+    co_return;
+  }
+  if (r->columns() != 3) {
+    for (std::size_t i : members) batch[i]->out = result<bool>(boost::system::in_place_error, bad_row());
+    co_return;
+  }
+  std::unordered_map<std::string, bool> matched;
+  for (int row = 0; row < r->rows(); ++row) matched.emplace(full_key(*r, row, 0), true);
+  // Slots stay alive while the batch runs (batcher.hpp): their ids may be read again here.
+  for (std::size_t i : members) {
+    batch[i]->out = result<bool>(matched.count(full_key(batch[i]->item.id)) == 1);
+  }
+}
+
 }  // namespace
 
 struct PgStore::Batchers {
   std::shared_ptr<ClaimBatcher> claims;
   std::shared_ptr<CompleteBatcher> completions;
+  std::shared_ptr<FencedBatcher> releases;
+  std::shared_ptr<FencedBatcher> renewals;
 };
 
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching batching)
@@ -999,6 +1113,15 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
         return run_complete_batch(core, b);
       },
       result<Completed>(broken));
+  for (auto kind : {FencedWrite::release, FencedWrite::renew}) {
+    auto batcher = std::make_shared<FencedBatcher>(
+        FencedBatcher::Options{batching.max_size, 1},
+        [core = core_, kind](std::vector<FencedBatcher::SlotPtr>& b) {
+          return run_fenced_batch(core, kind, b);
+        },
+        result<bool>(boost::system::in_place_error, broken));
+    (kind == FencedWrite::release ? batchers_->releases : batchers_->renewals) = std::move(batcher);
+  }
 }
 
 PgStore::BatchStats PgStore::batch_stats() const noexcept { return core_->stats; }
@@ -1075,22 +1198,37 @@ asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::in
   co_return co_await complete_one(std::move(pool), id, fence, response, retention);
 }
 
+// A release or renewal: through its batcher when batching is on (a caller whose wait was
+// cancelled gets what a call cancelled in flight gets), else its single statement.
+asio::awaitable<result<bool>> fenced_write(std::shared_ptr<PgStore::Core> core,
+                                           std::shared_ptr<FencedBatcher> batcher,
+                                           FencedWrite kind, FencedItem item) {
+  if (batcher && !has_nul(item.id.tenant) && !has_nul(item.id.endpoint) && !has_nul(item.id.key)) {
+    FencedItem queued = item;
+    auto cancelled = failed<bool>(make_error_code(pg::errc::cancelled));
+    auto out = co_await batcher->submit(std::move(queued), std::move(cancelled));
+    if (out) co_return std::move(*out);
+  }
+  co_return co_await fenced_one(core->pool, kind, item);
+}
+
+// Batcher and item named before the co_await: GCC 12 miscompiles a conditional
+// expression or a braced temporary inside one.
 asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t fence) {
-  const std::string token = std::to_string(fence);
-  auto params = key_params(id, {pg::Param::text(token)});
-  auto r = co_await core_->pool->execute(kRelease, std::move(params));
-  if (!r) co_return failed<bool>(r.error());
-  co_return r->affected_rows() == 1;
+  std::shared_ptr<FencedBatcher> batcher;
+  if (batchers_) batcher = batchers_->releases;
+  FencedItem item{id, fence, Millis{0}};
+  co_return co_await fenced_write(core_, std::move(batcher), FencedWrite::release,
+                                  std::move(item));
 }
 
 asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fence,
                                              Millis lease) {
-  const std::string token = std::to_string(fence);
-  const std::string lease_ms = millis(lease);
-  auto params = key_params(id, {pg::Param::text(token), pg::Param::text(lease_ms)});
-  auto r = co_await core_->pool->execute(kRenew, std::move(params));
-  if (!r) co_return failed<bool>(r.error());
-  co_return r->affected_rows() == 1;
+  std::shared_ptr<FencedBatcher> batcher;
+  if (batchers_) batcher = batchers_->renewals;
+  FencedItem item{id, fence, lease};
+  co_return co_await fenced_write(core_, std::move(batcher), FencedWrite::renew,
+                                  std::move(item));
 }
 
 asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t fence) {

@@ -18,10 +18,10 @@
 
 namespace idem::store {
 
-// Group commit (database.batching): the claims, and the completions, of concurrent
-// requests on this store's event loop go out together, one statement and one commit
-// per batch (natural batching: the next batch forms while one is in flight; a lone call
-// goes out at once). Each call still gets exactly what its own statement would have
+// Group commit (database.batching): the claims, the completions, the releases and the
+// lease renewals of concurrent requests on this store's event loop go out together, one
+// statement and one commit per batch of each kind (natural batching: the next batch
+// forms while one is in flight; a lone call goes out at once). Each call still gets exactly what its own statement would have
 // answered, and each claim is committed before claim() returns. A batch the server
 // refuses (an SQL error: nothing of it was committed) is retried call by call, so one
 // call that cannot succeed never fails the others; a batch that timed out or lost its
@@ -32,8 +32,8 @@ struct PgBatching {
   // A lone call normally keeps its single statement (the cheaper plan for one row); the
   // tests set this to run every call through the batch statements.
   bool lone_calls_batched = false;
-  // Told of every batch statement sent: "claim" or "complete", and how many calls it
-  // carried (for metrics). Runs on the store's thread; may be empty.
+  // Told of every batch statement sent: "claim", "complete", "release" or "renew", and
+  // how many calls it carried (for metrics). Runs on the store's thread; may be empty.
   std::function<void(std::string_view op, std::size_t calls)> on_batch;
 };
 
@@ -73,13 +73,17 @@ class PgStore final : public Store {
   asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
       std::string_view tenant, std::string_view operation_id) override;
 
-  // How many claim and completion statements were sent as batches, and how many calls
+  // How many claim, completion, release and renewal statements were sent as batches, and how many calls
   // they carried (calls sent alone are not counted): for tests and measurements.
   struct BatchStats {
     std::uint64_t claim_batches = 0;
     std::uint64_t claims_batched = 0;
     std::uint64_t completion_batches = 0;
     std::uint64_t completions_batched = 0;
+    std::uint64_t release_batches = 0;
+    std::uint64_t releases_batched = 0;
+    std::uint64_t renewal_batches = 0;
+    std::uint64_t renewals_batched = 0;
     std::uint64_t batches_refused = 0;  // refused by the server, retried call by call
   };
   BatchStats batch_stats() const noexcept;

@@ -217,6 +217,74 @@ TEST_CASE("batching: completions in one batch each learn whether their own write
   CHECK(h.row_count() == 4);
 }
 
+TEST_CASE("batching: releases and renewals in one batch each answer whether their own fence matched") {
+  test::PgHarness h;
+  store::PgStore single(h.pool(), store::PgStore::ClaimRead::never, {false});
+  auto claim = [&](const std::string& key, std::chrono::milliseconds lease = 30s) {
+    auto req = claim_req("tenant-a", "POST /orders", key, "fp-" + key);
+    req.lease = lease;
+    auto r = h.run(single.claim(req));
+    REQUIRE(r.has_value());
+    REQUIRE(r->won);
+    return r->owner.fence;
+  };
+  // Named: the calls are coroutines that hold their id by reference until they run.
+  std::map<std::string, RecordId> ids;
+  for (const char* k : {"a", "b", "c", "d", "r", "s"}) ids[k] = RecordId{"tenant-a", "POST /orders", k};
+  auto id = [&](const std::string& key) -> const RecordId& { return ids.at(key); };
+  const auto fa = claim("a"), fb = claim("b"), fd = claim("d");
+  // c: its first owner is stale (released, and the key claimed again since).
+  const auto fc_stale = claim("c");
+  REQUIRE(h.run(single.release(id("c"), fc_stale)).value());
+  const auto fc = claim("c");
+  // d: completed, so final even for its own fence.
+  REQUIRE(h.run(single.complete(id("d"), fd, response(201, "4"), 1h)).value() == Completion::recorded);
+  // Short leases on the renewals' rows, so a renewal visibly moves them.
+  const auto fr = claim("r", 1s), fs = claim("s", 1s);
+  const auto fs_stale = fs - 1000;  // never handed out for this key
+  const auto c_before = h.snapshot(id("c"));
+  const auto d_before = h.snapshot(id("d"));
+  const auto s_before = h.snapshot(id("s"));
+
+  store::PgStore s(h.pool());
+  std::vector<asio::awaitable<result<bool>>> calls;
+  calls.push_back(s.release(id("a"), fa));
+  calls.push_back(s.release(id("b"), fb));
+  calls.push_back(s.release(id("c"), fc_stale));  // fenced
+  calls.push_back(s.release(id("d"), fd));        // completed
+  calls.push_back(s.renew(id("r"), fr, 1h));
+  calls.push_back(s.renew(id("s"), fs_stale, 1h));  // fenced
+  calls.push_back(s.renew(id("d"), fd, 1h));         // completed
+  auto out = all_at_once(h.ctx(), std::move(calls));
+
+  CHECK(s.batch_stats().release_batches == 1);
+  CHECK(s.batch_stats().releases_batched == 4);
+  CHECK(s.batch_stats().renewal_batches == 1);
+  CHECK(s.batch_stats().renewals_batched == 3);
+  for (auto& r : out) REQUIRE(r.has_value());
+  CHECK(*out[0]);
+  CHECK(*out[1]);
+  CHECK_FALSE(*out[2]);
+  CHECK_FALSE(*out[3]);
+  CHECK(*out[4]);
+  CHECK_FALSE(*out[5]);
+  CHECK_FALSE(*out[6]);
+
+  // The rows: a and b gone, c (its current owner's) untouched, d final and untouched.
+  CHECK(count_rows(h.sql(), "idempotency_key IN ('a', 'b')", {}) == 0);
+  CHECK(h.snapshot(id("c")) == c_before);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'c' AND fencing_token = $1::bigint", {std::to_string(fc)}) == 1);
+  CHECK(h.snapshot(id("d")) == d_before);
+  // r's lease now runs about an hour (it was one second); s, fenced, unchanged.
+  CHECK(count_rows(h.sql(),
+                   "idempotency_key = 'r' AND state = 'in_progress'"
+                   " AND lease_expires_at > now() + interval '50 minutes'"
+                   " AND expires_at >= lease_expires_at",
+                   {}) == 1);
+  CHECK(h.snapshot(id("s")) == s_before);
+  CHECK(h.row_count() == 4);
+}
+
 TEST_CASE("batching: a member the server refuses fails alone; the others keep their outcome") {
   test::PgHarness h;
   store::PgStore s(h.pool());
