@@ -38,6 +38,9 @@ constexpr std::int64_t kMaxExponent = 1'000'000'000;
 
 }  // namespace
 
+// Why one function of ~80 lines: the scan of the grammar and the digits' positions it
+// fills in are used by the normalization right after; split, the pieces would share half a
+// dozen out-parameters, which is harder to check against RFC 8785 than one pass.
 std::optional<std::string> canonical_number(std::string_view s) {
   std::size_t i = 0;
   const bool negative = i < s.size() && s[i] == '-';

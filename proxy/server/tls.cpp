@@ -5,6 +5,8 @@
 #include <openssl/err.h>
 #include <openssl/x509v3.h>
 
+#include "common/openssl_errors.hpp"
+
 namespace idem::server {
 namespace {
 
@@ -31,17 +33,6 @@ int select_alpn(SSL*, const unsigned char** out, unsigned char* outlen, const un
 }
 
 }  // namespace
-
-std::string openssl_errors() {
-  std::string out;
-  while (const unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown error" : out;
-}
 
 std::shared_ptr<TlsContext> make_server_context(const settings::ListenerTls& tls) {
   ERR_clear_error();

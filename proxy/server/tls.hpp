@@ -31,7 +31,4 @@ std::shared_ptr<TlsContext> make_server_context(const settings::ListenerTls& tls
 // certificates are requested only with client_ca_file); empty otherwise.
 std::vector<std::string> verified_peer_uris(SSL* ssl);
 
-// OpenSSL's error queue as text (and cleared), for TlsError and handshake logs.
-std::string openssl_errors();
-
 }  // namespace idem::server

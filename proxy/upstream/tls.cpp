@@ -1,5 +1,7 @@
 #include "upstream/tls.hpp"
 
+#include "common/openssl_errors.hpp"
+
 #include <boost/asio/ip/address.hpp>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
@@ -14,17 +16,6 @@ bool is_ip_literal(const std::string& name) {
   error_code ec;
   asio::ip::make_address(name, ec);
   return !ec;
-}
-
-std::string openssl_reason() {
-  std::string out;
-  while (const unsigned long e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown error" : out;
 }
 
 }  // namespace
@@ -46,7 +37,7 @@ std::shared_ptr<const ClientTls> make_client_tls(const std::string& ca_file, con
     if (loaded != 1) {
       throw ClientTlsError((ca_file.empty() ? std::string("the system trust store")
                                             : "upstream.tls.ca_file " + ca_file) +
-                           ": " + openssl_reason());
+                           ": " + openssl_errors());
     }
     SSL_CTX_set_verify(native, SSL_VERIFY_PEER, nullptr);
   } else {
