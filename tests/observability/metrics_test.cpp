@@ -66,8 +66,10 @@ TEST_CASE("a fresh registry exposes every declared metric") {
     CHECK(e.get("idemproxy_store_duration_seconds_count", {{"op", op}}) == 0);
   }
   CHECK(e.get("idemproxy_store_errors_total", {{"kind", "timeout"}}) == 0);
-  CHECK(e.get("idemproxy_store_batches_total", {{"op", "claim"}}) == 0);
-  CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", "complete"}}) == 0);
+  for (const char* op : {"claim", "complete", "release", "renew"}) {
+    CHECK(e.get("idemproxy_store_batches_total", {{"op", op}}) == 0);
+    CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", op}}) == 0);
+  }
   CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
   for (const char* answer : {"replayed", "in_progress", "key_reused", "forbidden", "unavailable"}) {
