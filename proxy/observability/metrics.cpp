@@ -72,6 +72,9 @@ constexpr std::array<double, 15> kLatencyBuckets{0.0005, 0.001, 0.0025, 0.005, 0
                                                  0.025,  0.05,  0.1,    0.25,  0.5,
                                                  1,      2.5,   5,      10,    30};
 
+// Calls per batch statement: powers of two up to the largest database.batch_max (1000).
+constexpr std::array<double, 10> kBatchSizeBuckets{2, 4, 8, 16, 32, 64, 128, 256, 512, 1000};
+
 // Labels whose values come from outside a fixed list (route names, error kinds) are capped:
 // a bug that feeds request data into a label must not grow memory and scrape size forever.
 constexpr std::size_t kMaxSeriesPerFamily = 1000;
@@ -102,10 +105,13 @@ struct Gauge {
   std::atomic<double> value{0};
 };
 
-struct Histogram {
+// A histogram over fixed bucket bounds (a reference to a constexpr array).
+template <const auto& Bounds>
+struct BasicHistogram {
+  static constexpr const auto& bounds = Bounds;
   // counts[i] holds observations in (bounds[i-1], bounds[i]]; the last slot is above every
   // bound. Rendering accumulates them, so observing touches exactly one bucket.
-  std::array<std::atomic<std::uint64_t>, kLatencyBuckets.size() + 1> counts{};
+  std::array<std::atomic<std::uint64_t>, Bounds.size() + 1> counts{};
   std::atomic<double> sum{0};
 
   void observe(double v) noexcept {
@@ -113,11 +119,13 @@ struct Histogram {
     if (std::isnan(v)) return;
     v = std::max(v, 0.0);
     const auto slot = static_cast<std::size_t>(
-        std::lower_bound(kLatencyBuckets.begin(), kLatencyBuckets.end(), v) - kLatencyBuckets.begin());
+        std::lower_bound(Bounds.begin(), Bounds.end(), v) - Bounds.begin());
     counts[slot].fetch_add(1, kRelaxed);
     sum.fetch_add(v, kRelaxed);
   }
 };
+using Histogram = BasicHistogram<kLatencyBuckets>;
+using SizeHistogram = BasicHistogram<kBatchSizeBuckets>;
 
 // idemproxy_requests_total is keyed by route; the outcome is an enum, so its nine counters
 // sit in one cell and a request costs one route lookup.
@@ -230,6 +238,8 @@ class Family {
     "Statements that carried the calls of several requests at once (database.batching), by operation.") \
   X(store_batched_calls, Counter,        "idemproxy_store_batched_calls_total",  "op",           \
     "Calls those statements carried; divided by idemproxy_store_batches_total, the mean batch size.") \
+  X(store_batch_size,   SizeHistogram,   "idemproxy_store_batch_size",           "op",           \
+    "Calls per batch statement (database.batching), by operation: the distribution of batch sizes.") \
   X(store_errors,       Counter,         "idemproxy_store_errors_total",         "kind",         \
     "Failed store operations, by kind of failure.")                                              \
   X(in_progress_oldest, Gauge,           "idemproxy_in_progress_oldest_seconds", "",             \
@@ -321,7 +331,8 @@ void append_sample_start(std::string& out, std::string_view name, std::string_vi
 constexpr const char* type_of(const Counter*) { return "counter"; }
 constexpr const char* type_of(const OutcomeCounters*) { return "counter"; }
 constexpr const char* type_of(const Gauge*) { return "gauge"; }
-constexpr const char* type_of(const Histogram*) { return "histogram"; }
+template <const auto& B>
+constexpr const char* type_of(const BasicHistogram<B>*) { return "histogram"; }
 
 template <class Cell>
 void render_cell(std::string& out, const Family<Cell>& f, const std::string& value, const Counter& c) {
@@ -348,8 +359,9 @@ void render_cell(std::string& out, const Family<Cell>& f, const std::string& val
   }
 }
 
-template <class Cell>
-void render_cell(std::string& out, const Family<Cell>& f, const std::string& value, const Histogram& h) {
+template <class Cell, const auto& B>
+void render_cell(std::string& out, const Family<Cell>& f, const std::string& value,
+                 const BasicHistogram<B>& h) {
   // Buckets are read once and accumulated here; _count is the +Inf bucket by construction,
   // so a scrape racing with observations is still self-consistent (sum may lag by a sample).
   std::uint64_t cumulative = 0;
@@ -357,8 +369,8 @@ void render_cell(std::string& out, const Family<Cell>& f, const std::string& val
   for (std::size_t i = 0; i < h.counts.size(); ++i) {
     cumulative += h.counts[i].load(kRelaxed);
     le.clear();
-    if (i < kLatencyBuckets.size()) {
-      append_double(le, kLatencyBuckets[i], true);
+    if (i < B.size()) {
+      append_double(le, B[i], true);
     } else {
       le = "+Inf";
     }
@@ -419,6 +431,7 @@ struct Metrics::Impl {
     for (auto op : {"claim", "complete", "release", "renew"}) {
       store_batches.get(op);
       store_batched_calls.get(op);
+      store_batch_size.get(op);
     }
     for (auto answer : kFencedAnswers) fenced_answers.get(answer);
     for (auto result : kBackendCompletionResults) backend_completions.get(result);
@@ -460,6 +473,7 @@ void Metrics::store_duration(StoreOp op, double seconds) {
 void Metrics::store_batch(std::string_view op, std::uint64_t calls) {
   impl_->store_batches.get(op).add(1);
   impl_->store_batched_calls.get(op).add(calls);
+  impl_->store_batch_size.get(op).observe(static_cast<double>(calls));
 }
 
 void Metrics::takeover() { impl_->takeover.add(1); }

@@ -53,7 +53,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
   CHECK(e.types.at("idemproxy_store_batches_total") == "counter");
   CHECK(e.types.at("idemproxy_store_batched_calls_total") == "counter");
-  CHECK(e.types.size() == 24);
+  CHECK(e.types.size() == 25);
   for (const char* result : {"exported", "dropped", "failed"}) {
     CHECK(e.get("idemproxy_trace_spans_total", {{"result", result}}) == 0);
   }
@@ -69,6 +69,8 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   for (const char* op : {"claim", "complete", "release", "renew"}) {
     CHECK(e.get("idemproxy_store_batches_total", {{"op", op}}) == 0);
     CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", op}}) == 0);
+    CHECK(e.get("idemproxy_store_batch_size_count", {{"op", op}}) == 0);
+    CHECK(e.get("idemproxy_store_batch_size_bucket", {{"op", op}, {"le", "+Inf"}}) == 0);
   }
   CHECK(e.get("idemproxy_replay_cache_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.get("idemproxy_replay_cache_active") == 0);
@@ -153,6 +155,16 @@ TEST_CASE("recorded values appear in the exposition") {
   CHECK(e.get("idemproxy_store_batches_total", {{"op", "claim"}}) == 2);
   CHECK(e.get("idemproxy_store_batched_calls_total", {{"op", "claim"}}) == 8);
   CHECK(e.get("idemproxy_store_batches_total", {{"op", "complete"}}) == 0);
+  // The two claim batches, of 5 and 3 calls, in the batch-size buckets (cumulative).
+  const auto batch_bucket = [&](const char* le) {
+    return e.get("idemproxy_store_batch_size_bucket", {{"op", "claim"}, {"le", le}});
+  };
+  CHECK(batch_bucket("2") == 0);
+  CHECK(batch_bucket("4") == 1);
+  CHECK(batch_bucket("8") == 2);
+  CHECK(batch_bucket("+Inf") == 2);
+  CHECK(e.get("idemproxy_store_batch_size_sum", {{"op", "claim"}}) == 8);
+  CHECK(e.get("idemproxy_store_batch_size_count", {{"op", "complete"}}) == 0);
   CHECK(e.get("idemproxy_request_duration_seconds_count", {{"route", "create-order"}}) == 3);
   CHECK(e.get("idemproxy_request_duration_seconds_sum", {{"route", "create-order"}}) == doctest::Approx(0.017));
   CHECK(e.get("idemproxy_upstream_duration_seconds_count") == 1);
@@ -235,7 +247,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
       do {
         const auto e = parse(m.render_prometheus());
         CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
-        CHECK(e.types.size() == 24);
+        CHECK(e.types.size() == 25);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
