@@ -64,7 +64,7 @@ bool describes_representation(std::string_view name) {
 // The lookup's client span (refetch or reconcile), as forward's: a child of the server
 // span, the backend's status when it answered, what the lookup concluded.
 void lookup_span(Gateway::Exchange& x, const char* name, std::int64_t start_ns, const obs::SpanId& id,
-                 std::string_view said) {
+                 std::string_view said, std::int64_t attempt = 0) {
   if (!x.record_spans) return;
   add_span(x, name, obs::SpanKind::client, start_ns, id, said == "failed");
   auto& span = x.spans.back();
@@ -72,6 +72,7 @@ void lookup_span(Gateway::Exchange& x, const char* name, std::int64_t start_ns, 
   if (x.upstream.failure == upstream::Failure::none) {
     span.int_attributes.emplace_back("http.response.status_code", x.upstream.response.result_int());
   }
+  if (attempt > 0) span.int_attributes.emplace_back("idemproxy.attempt", attempt);
 }
 
 std::string reconcile_target(const settings::ReconcileSettings& rc, std::string_view op_id) {
@@ -178,8 +179,7 @@ asio::awaitable<idempotency::Event> Gateway::reconcile(Exchange& x, store::Owner
                                     ? "not_found"
                                     : "failed";
   deps_.metrics->reconciliation(said);
-  lookup_span(x, "reconcile", span_start, span, said);
-  if (x.record_spans) x.spans.back().int_attributes.emplace_back("idemproxy.attempt", owner.attempt);
+  lookup_span(x, "reconcile", span_start, span, said, owner.attempt);
   spdlog::info("reconciled an unknown outcome (route {}, key_hash {}, attempt {}): {}", rs.name,
                x.key_hash, owner.attempt, said);
   co_return r;

@@ -153,13 +153,12 @@ TEST_CASE("exporter: a collector that keeps failing costs max_attempts posts, th
   CHECK(t[2] - t[1] >= Millis{60});
 }
 
-TEST_CASE("exporter: while a batch is retried, the queue stays bounded and counts what it drops") {
-  Sink sink({503});
+TEST_CASE("exporter: while a batch waits for its retry, the queue stays bounded and counts what it drops") {
+  Sink sink({503, 200});
   Metrics metrics;
   auto o = options_for(sink);
   o.queue_capacity = 4;
-  o.retry_backoff = Millis{5000};  // the first batch stays in its backoff for the test
-  o.max_backoff = Millis{5000};
+  o.retry_backoff = Millis{300};
   {
     SpanExporter exporter(o, &metrics);
     exporter.submit(spans(4));
@@ -167,9 +166,32 @@ TEST_CASE("exporter: while a batch is retried, the queue stays bounded and count
     // The batch in hand left the queue: 4 fit again, the rest is dropped at once.
     exporter.submit(spans(7));
     CHECK(metrics.trace_spans("dropped") == 3);
-    // The stop cuts the backoff short; the queued batch gets one attempt at exit.
+    // The first batch goes out on its retry, the queued one after it.
+    test::wait_until([&] { return metrics.trace_spans("exported") == 8; }, 10s, "both batches exported");
   }
-  CHECK(metrics.trace_spans("failed") == 8);
+  CHECK(metrics.trace_spans("failed") == 0);
+  CHECK(metrics.trace_export_retries() == 1);
+  const auto bodies = sink.bodies();
+  REQUIRE(bodies.size() == 3);
+  CHECK(bodies[0] == bodies[1]);
+  CHECK(bodies[2] != bodies[0]);
+}
+
+TEST_CASE("exporter: a stop cuts a backoff short; what is queued gets one attempt") {
+  Sink sink({503});
+  Metrics metrics;
+  auto o = options_for(sink);
+  o.retry_backoff = Millis{20000};  // a stop that waited for it would take 20 s
+  o.max_backoff = Millis{20000};
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    SpanExporter exporter(o, &metrics);
+    exporter.submit(spans(4));
+    test::wait_until([&] { return sink.bodies().size() == 1; }, 10s, "the first attempt");
+    exporter.submit(spans(2));
+  }
+  CHECK(std::chrono::steady_clock::now() - t0 < 10s);
+  CHECK(metrics.trace_spans("failed") == 6);
   CHECK(metrics.trace_export_retries() == 0);
   CHECK(sink.bodies().size() == 2);
 }
