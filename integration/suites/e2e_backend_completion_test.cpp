@@ -292,3 +292,57 @@ TEST_CASE("e2e: the record's lifetime, not the API's window, tells a retry from 
   CHECK(db.scalar("SELECT retired_operation_id FROM demo_orders.orders WHERE tenant_id = $1",
                   {tenant}) == operation_id);
 }
+
+// With `encryption`, a backend-completed route stores clear records (the backend has no
+// key): refused unless encryption.allow_clear_backend_records says so; with it, the clear
+// record replays exactly, beside sealed ones.
+TEST_CASE("e2e backend completion with encryption: refused without the opt-in; with it, clear records replay") {
+  TempDir dir("keys");
+  const auto key_file = dir.write_file("k.key", std::string(64, 'e') + "\n");
+  const std::string encryption =
+      "encryption:\n  keys:\n    - {id: k1, file: \"" + key_file.string() + "\"}\n  active: k1\n";
+
+  // Without the opt-in: check-config and serve both refuse, naming the route and why.
+  const auto config = dir.write_file(
+      "sidecar.yaml", "listen: \"127.0.0.1:0\"\n"
+                      "upstream:\n  url: \"http://127.0.0.1:9\"\n"
+                      "database:\n  url: \"" + database_url() + "\"\n" + encryption +
+                      "routes:\n  - name: create-order\n    method: POST\n    path: /orders\n"
+                      "    completion: backend\n");
+  for (const char* command : {"check-config", "serve"}) {
+    CAPTURE(command);
+    const auto r = run_idemproxy({command, "--config", config.string()});
+    INFO(r.output);
+    CHECK(r.status.code() == 2);
+    CHECK(r.output.find("routes[0].completion") != std::string::npos);
+    CHECK(r.output.find("in clear") != std::string::npos);
+    CHECK(r.output.find("encryption.allow_clear_backend_records: true") != std::string::npos);
+  }
+
+  StackOptions o;
+  o.completion = "backend";
+  o.sidecar_yaml = encryption + "  allow_clear_backend_records: true\nreplay_cache:\n  enabled: false\n";
+  OrderStack stack(o);
+  Db db(database_url());
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  const auto body = order_body(unique("checkout"));
+  auto client = stack.client();
+  const auto created = client.post("/orders", body, order_headers(tenant, key));
+  REQUIRE(created.status == 201);
+  // The backend wrote the record, in clear, as documented.
+  const auto row = read_row(db, tenant, key);
+  REQUIRE(row);
+  CHECK(row->state == "completed");
+  CHECK(row->body == created.body);
+  CHECK(row->body.find(json_string(created, "order_id")) != std::string::npos);
+  // Read from PostgreSQL (no replay cache) through the encrypting store: replayed as is.
+  for (int i = 0; i < 2; ++i) {
+    const auto replay = client.post("/orders", body, order_headers(tenant, key));
+    CHECK(replay.status == 201);
+    CHECK(replay.header("Idempotent-Replayed") == "true");
+    CHECK(replay.body == created.body);
+    CHECK(replay.header("Location") == created.header("Location"));
+  }
+  CHECK(orders_of(db, tenant).size() == 1);
+}

@@ -198,3 +198,76 @@ TEST_CASE("e2e: a re-fetched replay shows the order as it is now, and only to wh
   CHECK(row->state == "completed");
   CHECK(row->resource_id == "/orders/" + order_id);
 }
+
+// Encryption at rest on an async route: the answer recorded behind a 202 is sealed like any
+// other (the detached job completes through the same encrypting store), and the status
+// resource and the replay open it for the tenant that owns it, and for no one else.
+TEST_CASE("e2e: an async route with encryption: a sealed row, the status resource and the replay in clear") {
+  TempDir dir("keys");
+  const auto key_file = dir.write_file("k.key", std::string(64, 'f') + "\n");
+  StackOptions o;
+  o.slow_order_time = "1s";
+  o.route_yaml = kAsyncRoute;
+  o.sidecar_yaml = "encryption:\n  keys:\n    - {id: async-k, file: \"" + key_file.string() +
+                   "\"}\n  active: async-k\nreplay_cache:\n  enabled: false\n";
+  OrderStack stack(o);
+  Db db(database_url());
+  const auto tenant = unique("tenant-PLAIN");
+  const auto key = unique("key");
+  const auto body = slow_order_body(unique("checkout"));
+  auto client = stack.client();
+
+  const auto accepted = client.post("/orders", body, order_headers(tenant, key));
+  REQUIRE(accepted.status == 202);
+  const auto location = accepted.header("Location").value_or("");
+  REQUIRE(location.starts_with("/operations/"));
+  HttpResponse done;
+  wait_until(
+      [&] {
+        done = client.get(location, {{"X-Tenant-Id", tenant}});
+        return done.status != 200;
+      },
+      15s, "the slow order to finish");
+  const auto orders = orders_of(db, tenant);
+  REQUIRE(orders.size() == 1);
+  const auto& order_id = orders[0].order_id;
+  // The status resource opened the sealed record: it points at the order.
+  CHECK(done.status == 303);
+  CHECK(done.header("Location") == "/orders/" + order_id);
+
+  // PostgreSQL holds no plaintext of the answer: not the order id (in the API's body and
+  // in the Location it replays), not the tenant.
+  const auto raw = db.query(
+      "SELECT encode(response_body, 'hex'), response_headers::text, state, response_status::text "
+      "FROM idempotency_requests WHERE tenant_id = $1 AND idempotency_key = $2",
+      {tenant, key});
+  REQUIRE(raw.size() == 1);
+  const auto body_hex = raw[0][0].value_or("");
+  const auto headers = raw[0][1].value_or("");
+  CHECK(raw[0][2] == "completed");
+  CHECK(raw[0][3] == "201");
+  std::string magic, id_hex, tenant_hex;
+  idem::text::append_hex(magic, std::string_view("\0IDEMENC", 8));
+  idem::text::append_hex(id_hex, order_id);
+  idem::text::append_hex(tenant_hex, tenant);
+  CHECK(body_hex.rfind(magic, 0) == 0);
+  CHECK(body_hex.find(id_hex) == std::string::npos);
+  CHECK(body_hex.find(tenant_hex) == std::string::npos);
+  CHECK(headers.find(":sealed") != std::string::npos);
+  CHECK(headers.find(order_id) == std::string::npos);
+  CHECK(headers.find("Location") == std::string::npos);
+
+  // The replay is the plaintext answer, from PostgreSQL (no replay cache).
+  const auto retry = client.post("/orders", body, order_headers(tenant, key));
+  CHECK(retry.status == 201);
+  CHECK(retry.header("Idempotent-Replayed") == "true");
+  CHECK(json_string(retry, "order_id") == order_id);
+  CHECK(retry.header("Location") == "/orders/" + order_id);
+  // The status resource again, the same; another tenant learns nothing of it.
+  CHECK(client.get(location, {{"X-Tenant-Id", tenant}}).header("Location") == "/orders/" + order_id);
+  const auto other = client.get(location, {{"X-Tenant-Id", unique("tenant")}});
+  CHECK(other.status == 404);
+  CHECK(problem_code(other) == "operation_not_found");
+  CHECK(other.body.find(order_id) == std::string::npos);
+  CHECK(orders_of(db, tenant).size() == 1);
+}

@@ -71,6 +71,8 @@ struct StackOptions {
   std::string route_yaml;
   // The API's --slow-order-time: how long an order of a SLOW-… item takes.
   std::string slow_order_time;
+  // More of the sidecar's top-level YAML (encryption, tracing, …).
+  std::string sidecar_yaml;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.

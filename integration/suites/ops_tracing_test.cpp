@@ -332,3 +332,90 @@ TEST_CASE("trace context: an invalid traceparent starts a new trace and drops tr
   CHECK(split_traceparent(*last.header("traceparent")).trace != kClientTrace);
   CHECK_FALSE(res.header("X-Idempotency-Trace-Id"));
 }
+
+// idemproxy's own lookups of the backend (a re-fetched replay, a reconciliation) are spans
+// of their own, like forward: children of the server span, and the backend's parent.
+TEST_CASE("trace context: refetch and reconcile lookups are exported as spans of their own") {
+  TestBackend backend;
+  Collector collector;
+  auto o = options_for(backend);
+  o.upstream_response_timeout = "500ms";  // the held first attempt's outcome becomes unknown
+  o.extra_yaml = "tracing:\n  otlp_endpoint: \"" + collector.endpoint() + "\"\n  sample: 1\n";
+  o.routes[0].extra_yaml = "replay:\n  mode: refetch\n";
+  RouteOptions reconciled;
+  reconciled.name = "create-payment";
+  reconciled.path = "/payments";
+  reconciled.extra_yaml =
+      "on_unknown_outcome: reconcile\nreconcile:\n  method: GET\n  path: /payments/by-operation/{operation_id}\n";
+  o.routes.push_back(reconciled);
+  Sidecar sidecar(o);
+  HttpClient client(sidecar.port());
+  const auto tenant = unique("tenant");
+  const std::string body = R"({"customer_id":"c-1","amount":1000})";
+  // The backend's parent span for the call to `target`.
+  auto backend_parent = [&](const std::string& method, const std::string& prefix) {
+    const auto call = backend.wait_for_call(
+        [&](const BackendCall& c) {
+          return c.method == method && c.target.starts_with(prefix) && c.header("X-Tenant-Id") == tenant;
+        },
+        "the backend call " + method + " " + prefix);
+    return split_traceparent(call.header("traceparent").value_or(""));
+  };
+
+  // A re-fetched replay: its GET of the recorded Location is the refetch span.
+  const auto key = unique("key");
+  REQUIRE(client.post("/orders", body,
+                      order_headers(tenant, key, {{"X-Test-Header-Hex", idem::text::to_hex("Location: /orders/o-1")}}))
+              .status == 201);
+  const std::string refetch_trace = "21f7651916cd43dd8448eb211c80319c";
+  const auto replay = client.post("/orders", body,
+                                  order_headers(tenant, key, {{"traceparent", traceparent(refetch_trace, "d7ad6b7169203331")}}));
+  CHECK(replay.header("Idempotent-Replay-Body") == "current");
+  const auto fetch = backend_parent("GET", "/orders/o-1");
+  CHECK(fetch.trace == refetch_trace);
+
+  // A takeover after an unknown outcome asks the backend first: the reconcile span.
+  const auto hold = unique("hold");
+  const auto pay_key = unique("key");
+  const auto lost = client.post("/payments", body, order_headers(tenant, pay_key, {{"X-Test-Hold", hold}}));
+  CHECK(lost.status == 504);
+  const std::string reconcile_trace = "31f7651916cd43dd8448eb211c80319c";
+  const auto retry = client.post(
+      "/payments", body, order_headers(tenant, pay_key, {{"traceparent", traceparent(reconcile_trace, "e7ad6b7169203331")}}));
+  CHECK(retry.status == 200);  // the lookup's 2xx is the operation's answer
+  backend.release(hold);
+  const auto lookup = backend_parent("GET", "/payments/by-operation/");
+  CHECK(lookup.trace == reconcile_trace);
+
+  std::vector<boost::json::object> spans;
+  wait_until([&] {
+    spans = collector.spans();
+    return span_named(spans, refetch_trace, "POST /orders") && span_named(spans, reconcile_trace, "POST /payments");
+  }, 15s, "the spans of the replay and of the takeover at the collector");
+  const auto check_lookup = [&](const std::string& trace, const char* name, const Parent& seen,
+                                const char* result, const char* server_name) {
+    CAPTURE(name);
+    const auto* span = span_named(spans, trace, name);
+    const auto* server = span_named(spans, trace, server_name);
+    REQUIRE(span);
+    REQUIRE(server);
+    CHECK(str(*span, "spanId") == seen.span);  // the backend's parent
+    CHECK(str(*span, "parentSpanId") == str(*server, "spanId"));
+    CHECK(span->at("kind") == 3);
+    CHECK(span->at("status").at("code") == 0);
+    CHECK(attribute(*span, std::string("idemproxy.") + name) == result);
+    CHECK(attribute(*span, "http.response.status_code") == "200");
+    const auto t = [](const boost::json::object& s, const char* k) { return std::stoll(str(s, k)); };
+    CHECK(t(*server, "startTimeUnixNano") <= t(*span, "startTimeUnixNano"));
+    CHECK(t(*span, "endTimeUnixNano") <= t(*server, "endTimeUnixNano"));
+  };
+  check_lookup(refetch_trace, "refetch", fetch, "fetched", "POST /orders");
+  CHECK_FALSE(span_named(spans, refetch_trace, "forward"));
+  check_lookup(reconcile_trace, "reconcile", lookup, "found", "POST /payments");
+  CHECK(attribute(*span_named(spans, reconcile_trace, "reconcile"), "idemproxy.attempt") == "2");
+  // The claim that found the lapsed owner, then the takeover the lookup was made for.
+  CHECK(std::any_of(spans.begin(), spans.end(), [&](const boost::json::object& s) {
+    return str(s, "traceId") == reconcile_trace && str(s, "name") == "claim" &&
+           attribute(s, "idemproxy.step") == "take_over";
+  }));
+}

@@ -50,11 +50,15 @@ std::string sealed_key_id(const RawRow& r) {
   return id;
 }
 
-// The keys are the process's: a reload keeps them (and says so), a restart applies them.
-void restart_with(Sidecar& sidecar, const std::string& yaml) {
+// The keys reload on SIGHUP: the `n`th reload of this process, applied.
+void reload_with(Sidecar& sidecar, const std::string& yaml, std::size_t n) {
   sidecar.reload(yaml);
-  sidecar.wait_for_log("reload: encryption changed; it applies only after a restart");
-  sidecar.restart();
+  sidecar.wait_for_log("configuration reloaded", n);
+}
+
+// The sidecar's YAML without its encryption section (encryption_yaml() comes last).
+std::string without_encryption(const Sidecar& sidecar) {
+  return sidecar.config().substr(0, sidecar.config().find("encryption:"));
 }
 
 }  // namespace
@@ -110,8 +114,7 @@ TEST_CASE("encryption at rest: no plaintext stored, rotation, copied rows refuse
   }
 
   // Rotation: k2 becomes active, k1 stays readable.
-  restart_with(sidecar, sidecar.config().substr(0, sidecar.config().find("encryption:")) +
-                            encryption_yaml({{"k1", k1}, {"k2", k2}}, "k2"));
+  reload_with(sidecar, without_encryption(sidecar) + encryption_yaml({{"k1", k1}, {"k2", k2}}, "k2"), 1);
   HttpClient after(sidecar.port());
   auto old_replay = after.post("/orders", body, order_headers(tenant, "key-a"));
   CHECK(old_replay.header("Idempotent-Replayed") == "true");
@@ -139,8 +142,7 @@ TEST_CASE("encryption at rest: no plaintext stored, rotation, copied rows refuse
              10s, "the decryption failure in the log");
 
   // Retiring k1: its records are refused, never answered with something else.
-  restart_with(sidecar, sidecar.config().substr(0, sidecar.config().find("encryption:")) +
-                            encryption_yaml({{"k2", k2}}, "k2"));
+  reload_with(sidecar, without_encryption(sidecar) + encryption_yaml({{"k2", k2}}, "k2"), 2);
   HttpClient retired(sidecar.port());
   CHECK(retired.post("/orders", body, order_headers(tenant, "key-a")).status == 503);
   wait_until([&] { return sidecar.log().find("key id that is not in encryption.keys") != std::string::npos; }, 10s,
@@ -161,4 +163,86 @@ TEST_CASE("encryption at rest: an unusable key file is refused at start and by c
                                           "database:\n  url: \"postgresql://u@127.0.0.1:1/db\"\n" +
                                               encryption_yaml({{"k1", dir.path() / "absent"}}, "k1"));
   CHECK(run_idemproxy({"check-config", "--config", missing.string()}).status.code() == 2);
+}
+
+TEST_CASE("encryption keys reload on SIGHUP: new rows under the new active key, old rows still open, bad key sets refused") {
+  TestBackend backend;
+  TempDir dir("keys");
+  const auto ka = dir.write_file("a.key", std::string(64, 'a') + "\n");
+  const auto kb = dir.write_file("b.key", std::string(64, 'b') + "\n");
+  auto o = options_for(backend);
+  o.log_level = "info";
+  o.extra_yaml = encryption_yaml({{"A", ka}}, "A");
+  Sidecar sidecar(o);
+  Db db(database_url());
+  const auto tenant = unique("tenant-PLAIN");
+  const auto marker = unique("LOCATIONMARK");
+  const std::string body = R"({"customer_id":"c-1","amount":1000})";
+  auto post = [&](const std::string& key) {
+    HttpClient client(sidecar.port());
+    return client.post("/orders", body,
+                       order_headers(tenant, key, {{"X-Test-Header-Hex", hex_of("Location: /orders/" + marker + key)}}));
+  };
+  // Sealed under `id`, with nothing of the answer in clear.
+  auto check_sealed = [&](const std::string& key, const std::string& id) {
+    CAPTURE(key);
+    const auto row = raw_row(db, tenant, key);
+    CHECK(sealed_key_id(row) == id);
+    CHECK_FALSE(row.body_has(tenant));
+    CHECK_FALSE(row.body_has("order_id"));
+    CHECK(row.headers.find(marker) == std::string::npos);
+    CHECK(row.headers.find(":sealed") != std::string::npos);
+  };
+  // The replay is the first answer, byte for byte, read from PostgreSQL (no replay cache).
+  auto check_replay = [&](const std::string& key, const HttpResponse& first) {
+    CAPTURE(key);
+    const auto again = post(key);
+    CHECK(again.status == first.status);
+    CHECK(again.header("Idempotent-Replayed") == "true");
+    CHECK(again.body == first.body);
+    CHECK(again.header("Location") == first.header("Location"));
+    CHECK(again.header("Content-Type") == first.header("Content-Type"));
+  };
+
+  const auto a = post("key-a");
+  REQUIRE(a.status == 201);
+  CHECK(a.body.find(tenant) != std::string::npos);
+  check_sealed("key-a", "A");
+
+  // Rotation without a restart: B is added and made active.
+  const auto pid = sidecar.process().pid();
+  reload_with(sidecar, without_encryption(sidecar) + encryption_yaml({{"A", ka}, {"B", kb}}, "B"), 1);
+  sidecar.wait_for_log("new records sealed with key B; keys listed to open records: 2");
+  const auto b = post("key-b");
+  REQUIRE(b.status == 201);
+  check_sealed("key-b", "B");
+  check_replay("key-a", a);
+  check_replay("key-b", b);
+
+  // Reloads to key sets that cannot be used: each refused, the running keys (A, B active)
+  // stay, and the sidecar keeps serving and sealing with B.
+  const auto good = without_encryption(sidecar) + encryption_yaml({{"A", ka}, {"B", kb}}, "B");
+  const auto short_key = dir.write_file("short.key", std::string(62, 'c') + "\n");
+  const std::vector<std::pair<std::string, std::string>> invalid = {
+      {encryption_yaml({{"A", ka}, {"C", dir.path() / "absent.key"}}, "C"), "encryption.keys[1].file: cannot read"},
+      {encryption_yaml({{"A", ka}, {"C", short_key}}, "C"), "must hold 32 bytes"},
+      {encryption_yaml({{"A", ka}, {"B", kb}}, "C"), "encryption.active: 'C' is not the id"},
+  };
+  std::size_t refused = 0;
+  for (const auto& [yaml, where] : invalid) {
+    INFO(where);
+    sidecar.reload(without_encryption(sidecar) + yaml);
+    sidecar.wait_for_log("reload refused, keeping the running configuration", ++refused);
+    CHECK(sidecar.log().find(where) != std::string::npos);
+    CHECK(sidecar.log().find(std::string(62, 'c')) == std::string::npos);  // never a key's content
+    const auto key = "key-after-" + std::to_string(refused);
+    const auto res = post(key);
+    REQUIRE(res.status == 201);
+    check_sealed(key, "B");
+    check_replay("key-a", a);
+  }
+  CHECK(sidecar.process().pid() == pid);  // one process throughout: no restart
+  CHECK(calls_for(backend, tenant).size() == 2 + invalid.size());
+  sidecar.reload(good);
+  sidecar.wait_for_log("configuration reloaded", 2);
 }

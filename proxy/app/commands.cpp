@@ -52,6 +52,10 @@ void log_security(const gateway::Runtime& runtime) {
     spdlog::warn("upstream.tls.verify is false: the backend's certificate and name are not checked, "
                  "so anyone on the path to {} can read and answer requests", cfg.upstream.host);
   }
+  if (!cfg.encryption.keys.empty()) {
+    spdlog::info("encryption at rest: new records sealed with key {}; keys listed to open records: {}",
+                 cfg.encryption.active, cfg.encryption.keys.size());
+  }
   if (const auto* identity = runtime.identity(); identity && identity->keys()) {
     spdlog::info("tenant from verified bearer tokens: {} keys from {} ({} skipped)", identity->keys()->size(),
                  cfg.tenant.jwt.jwks_file, identity->keys()->skipped());
@@ -67,12 +71,15 @@ void reload(Sidecar& sidecar, const std::string& path) {
                             sidecar.change_feed_running());
     auto next = gateway::Runtime::build(std::move(plan.effective));
     auto tls = load_tls(next->settings());
+    // The key files are read again: a missing or unusable one refuses the whole reload,
+    // and the running keys stay.
+    auto keys = load_key_ring(next->settings());
     for (const auto& key : plan.restart_only) {
       spdlog::warn("reload: {} changed; it applies only after a restart", key);
     }
     obs::setup_logging(next->settings().log);
     log_security(*next);
-    sidecar.apply(std::move(next), std::move(tls));
+    sidecar.apply(std::move(next), std::move(tls), std::move(keys));
     spdlog::info("configuration reloaded from {}", path);
   } catch (const settings::ConfigError& e) {
     spdlog::error("reload refused, keeping the running configuration: {}", e.full_message());

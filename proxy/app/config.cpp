@@ -32,14 +32,6 @@ bool same_upstream(const settings::UpstreamSettings& a, const settings::Upstream
          a.response_timeout == b.response_timeout && a.max_response_body == b.max_response_body;
 }
 
-bool same_encryption(const settings::EncryptionSettings& a, const settings::EncryptionSettings& b) {
-  if (a.active != b.active || a.keys.size() != b.keys.size()) return false;
-  for (std::size_t i = 0; i < a.keys.size(); ++i) {
-    if (a.keys[i].id != b.keys[i].id || a.keys[i].file != b.keys[i].file) return false;
-  }
-  return true;
-}
-
 bool same_database(const settings::DatabaseSettings& a, const settings::DatabaseSettings& b) {
   return a.url == b.url && a.pool_size == b.pool_size && a.connect_timeout == b.connect_timeout &&
          a.statement_timeout == b.statement_timeout;
@@ -64,6 +56,25 @@ void keep_identity(ReloadPlan& plan, const settings::Settings& next, const setti
   if (e.tenant.from == settings::TenantSource::mtls && (!e.tls || e.tls->client_ca_file.empty())) {
     plan.restart_only.emplace_back("tls.client_ca_file");
     e.tls = running.tls;
+  }
+}
+
+// The key ring reloads (its files are read again, `active` may change: rotation without a
+// restart), but whether records are sealed at all is fixed at start: the stores are built
+// with or without encryption. Kept encryption must still not meet a route whose backend
+// writes clear records unless the running section allows them: such a reload is refused
+// (load_text refuses the same combination in one file).
+void keep_encryption(ReloadPlan& plan, const settings::Settings& next, const settings::Settings& running) {
+  auto& e = *plan.effective;
+  if (next.encryption.keys.empty() == running.encryption.keys.empty()) return;
+  plan.restart_only.emplace_back("encryption");
+  e.encryption = running.encryption;
+  if (e.encryption.keys.empty() || e.encryption.allow_clear_backend_records) return;
+  for (std::size_t i = 0; i < e.routes.size(); ++i) {
+    if (e.routes[i].completion != settings::Completion::backend) continue;
+    throw settings::ConfigError(next.source_file, 0, "routes[" + std::to_string(i) + "].completion",
+                                "completion: backend stores clear records, and encryption (which a "
+                                "reload cannot turn off) has no allow_clear_backend_records: true");
   }
 }
 
@@ -138,8 +149,7 @@ ReloadPlan plan_reload(const settings::Settings& next, const settings::Settings&
   // An https upstream whose url stays: its TLS settings and files reload.
   if (e.upstream.https && next.upstream.https) e.upstream.tls = next.upstream.tls;
   keep_identity(plan, next, running);
-  // The stores are built with the process's key ring: rotation is a rolling restart.
-  keep("encryption", e.encryption, running.encryption, same_encryption(next.encryption, running.encryption));
+  keep_encryption(plan, next, running);
   // The exporter and its thread start with the process; the sample rate reloads.
   if (next.tracing.otlp_endpoint != running.tracing.otlp_endpoint) {
     const double sample = e.tracing.sample;

@@ -34,9 +34,13 @@ std::shared_ptr<const store::KeyRing> load_key_ring(const settings::Settings& s)
 // bound at start-up, and the replay cache needs the change listener that starts with the
 // process: a reload keeps the running values for them rather than half-apply a change.
 // So does the identity mode (tenant.from) and whether the listener speaks TLS at all.
-// Everything else (routes, limits, logging, cleanup, the admin token, cache sizes, the TLS
-// files of the listener and of an https upstream, the JWT settings and the JWKS file) is
-// taken from `next`; the files themselves are read again by the reload.
+// Whether answers are encrypted at all stays as started too (the stores are built with or
+// without encryption). Everything else (routes, limits, logging, cleanup, the admin token,
+// cache sizes, the TLS files of the listener and of an https upstream, the JWT settings
+// and the JWKS file, the encryption keys and the active key) is taken from `next`; the
+// files themselves are read again by the reload.
+// Throws settings::ConfigError when the running encryption, kept, would meet a
+// `completion: backend` route it does not allow (allow_clear_backend_records).
 struct ReloadPlan {
   std::shared_ptr<settings::Settings> effective;  // what to run from now on
   std::vector<std::string> restart_only;          // changed keys kept until a restart

@@ -125,7 +125,10 @@ struct Sidecar::Parts {
   std::shared_ptr<gateway::ReplayCache> replay_cache;
   // Before the workers, so it outlives them: their requests hand it spans until the end.
   std::unique_ptr<obs::SpanExporter> tracer;
-  std::shared_ptr<const store::KeyRing> key_ring;  // null: answers are stored in clear
+  // The encryption keys, swapped whole by a reload; null: answers are stored in clear
+  // (whether there are keys at all is fixed at start, see plan_reload).
+  std::shared_ptr<std::atomic<std::shared_ptr<const store::KeyRing>>> key_ring =
+      std::make_shared<std::atomic<std::shared_ptr<const store::KeyRing>>>();
 
   std::vector<std::unique_ptr<Worker>> workers;
   // Declared after the workers so they are destroyed first.
@@ -161,8 +164,8 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
                                               batching);
   // Encryption sits between the replay cache and PostgreSQL: plaintext stays in memory.
   store::Store* durable = w->store.get();
-  if (key_ring) {
-    w->encrypted = std::make_unique<gateway::EncryptingStore>(*w->store, key_ring);
+  if (key_ring->load()) {
+    w->encrypted = std::make_unique<gateway::EncryptingStore>(*w->store, [k = key_ring] { return k->load(); });
     durable = w->encrypted.get();
   }
   w->cached = std::make_unique<gateway::CachingStore>(*durable, *replay_cache);
@@ -249,7 +252,7 @@ Sidecar::Sidecar(std::shared_ptr<const gateway::Runtime> runtime, TlsMaterial tl
   p.replay_cache = std::make_shared<gateway::ReplayCache>(p.metrics.get());
   p.replay_cache->configure(replay_cache_options(cfg.replay_cache));
   declare_routes(*p.metrics, cfg);
-  p.key_ring = load_key_ring(cfg);
+  p.key_ring->store(load_key_ring(cfg));
   if (!cfg.tracing.otlp_endpoint.empty()) {
     obs::ExporterOptions eo;
     eo.host = cfg.tracing.host;
@@ -302,8 +305,13 @@ void Sidecar::start() {
 
 std::shared_ptr<const gateway::Runtime> Sidecar::runtime() const { return parts_->holder->load(); }
 
-void Sidecar::apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls) {
+void Sidecar::apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls,
+                    std::shared_ptr<const store::KeyRing> keys) {
   parts_->tls->store(std::move(tls));
+  // New records are sealed with the new active key from now on; records of any key still
+  // listed keep opening. A sidecar started without keys has no EncryptingStore to give
+  // them to, and plan_reload never turns encryption on or off.
+  if (parts_->key_ring->load() && keys) parts_->key_ring->store(std::move(keys));
   // Routes may have changed what a record answers (replay headers, scopes): start the
   // cache afresh with the new options.
   parts_->replay_cache->configure(replay_cache_options(next->settings().replay_cache));

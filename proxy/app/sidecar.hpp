@@ -28,9 +28,12 @@ class Sidecar {
   void start();
 
   // The configuration requests see now, and a new one (already through plan_reload) with
-  // its TLS contexts: new connections get them, open ones keep theirs.
+  // its TLS contexts (new connections get them, open ones keep theirs) and its encryption
+  // keys (load_key_ring; null without `encryption`): records are sealed with its active
+  // key from now on.
   std::shared_ptr<const gateway::Runtime> runtime() const;
-  void apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls);
+  void apply(std::shared_ptr<const gateway::Runtime> next, TlsMaterial tls,
+             std::shared_ptr<const store::KeyRing> keys);
   bool change_feed_running() const;
 
   // The drain: stop accepting and close idle connections; in-flight requests go on.

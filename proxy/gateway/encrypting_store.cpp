@@ -12,13 +12,14 @@ error_code unreadable() { return make_error_code(errc::store_protocol); }
 
 }  // namespace
 
-EncryptingStore::EncryptingStore(store::Store& inner, std::shared_ptr<const store::KeyRing> ring)
+EncryptingStore::EncryptingStore(store::Store& inner, KeyRingSource ring)
     : inner_(inner), ring_(std::move(ring)) {}
 
 bool EncryptingStore::open_row(const store::RecordId& id, store::Record& row) const {
   if (!row.response) return true;
   store::OpenError why = store::OpenError::invalid;
-  auto opened = store::open(*ring_, id, *row.response, &why);
+  const auto ring = ring_();
+  auto opened = store::open(*ring, id, *row.response, &why);
   if (!opened) {
     // The key hash, as the access log names keys: never the tenant, key or content.
     spdlog::error("record {} could not be decrypted: {}", idempotency::log_hash(id.tenant, id.key),
@@ -47,7 +48,8 @@ asio::awaitable<result<std::optional<store::Record>>> EncryptingStore::read(cons
 
 asio::awaitable<result<store::Completed>> EncryptingStore::complete(const store::RecordId& id, std::int64_t fence,
                                                              const store::StoredResponse& response, Millis retention) {
-  co_return co_await inner_.complete(id, fence, store::seal(*ring_, id, response), retention);
+  const auto ring = ring_();
+  co_return co_await inner_.complete(id, fence, store::seal(*ring, id, response), retention);
 }
 
 asio::awaitable<result<std::optional<store::Ownership>>> EncryptingStore::take_over(const store::RecordId& id,

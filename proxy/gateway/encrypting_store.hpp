@@ -9,6 +9,7 @@
 // copied from another record) reads as a store protocol error: the request gets 503 and
 // the log names the record by its key hash, never its content. Records written in clear
 // (before encryption was enabled, or by a backend: completion: backend) read as they are.
+#include <functional>
 #include <memory>
 
 #include "store/record_cipher.hpp"
@@ -16,9 +17,13 @@
 
 namespace idem::gateway {
 
+// The key ring to use now: a reload (SIGHUP) swaps it whole, so each call takes one
+// snapshot and seals or opens with it. Never null.
+using KeyRingSource = std::function<std::shared_ptr<const store::KeyRing>()>;
+
 class EncryptingStore final : public store::Store {
  public:
-  EncryptingStore(store::Store& inner, std::shared_ptr<const store::KeyRing> ring);
+  EncryptingStore(store::Store& inner, KeyRingSource ring);
 
   asio::awaitable<result<store::ClaimResult>> claim(const store::ClaimRequest& req) override;
   asio::awaitable<result<std::optional<store::Record>>> read(const store::RecordId& id) override;
@@ -45,7 +50,7 @@ class EncryptingStore final : public store::Store {
   bool open_row(const store::RecordId& id, store::Record& row) const;
 
   store::Store& inner_;
-  std::shared_ptr<const store::KeyRing> ring_;
+  KeyRingSource ring_;
 };
 
 }  // namespace idem::gateway

@@ -31,9 +31,10 @@ bool lookup_drops(std::string_view name, const settings::RouteSettings& rs) {
 
 // A GET (or the route's reconcile method) of `target` with the client's own credentials:
 // every header the client sent but those lookup_drops() names, as a client's own GET of
-// the target through idemproxy would carry them.
+// the target through idemproxy would carry them. `span`: the lookup's own span, the
+// backend's parent.
 upstream::Request lookup_request(const Gateway::Exchange& x, std::string_view method,
-                                 std::string_view target) {
+                                 std::string_view target, const obs::SpanId& span) {
   const auto& rs = *x.route->settings;
   upstream::Request up;
   up.method_string(method);
@@ -44,8 +45,8 @@ upstream::Request lookup_request(const Gateway::Exchange& x, std::string_view me
   }
   strip_hop_by_hop(up.base());
   up.set("X-Forwarded-For", forwarded_for(x));
-  // A lookup belongs to the request's trace, as a child of its server span.
-  set_trace_headers(up.base(), x, x.trace.server_span);
+  // A lookup belongs to the request's trace: its span is a child of the server span.
+  set_trace_headers(up.base(), x, span);
   up.prepare_payload();
   return up;
 }
@@ -60,6 +61,20 @@ bool describes_representation(std::string_view name) {
                      [&](std::string_view f) { return iequals(f, name); });
 }
 
+// The lookup's client span (refetch or reconcile), as forward's: a child of the server
+// span, the backend's status when it answered, what the lookup concluded.
+void lookup_span(Gateway::Exchange& x, const char* name, std::int64_t start_ns, const obs::SpanId& id,
+                 std::string_view said, std::int64_t attempt = 0) {
+  if (!x.record_spans) return;
+  add_span(x, name, obs::SpanKind::client, start_ns, id, said == "failed");
+  auto& span = x.spans.back();
+  span.attributes.emplace_back(std::string("idemproxy.") + name, std::string(said));
+  if (x.upstream.failure == upstream::Failure::none) {
+    span.int_attributes.emplace_back("http.response.status_code", x.upstream.response.result_int());
+  }
+  if (attempt > 0) span.int_attributes.emplace_back("idemproxy.attempt", attempt);
+}
+
 std::string reconcile_target(const settings::ReconcileSettings& rc, std::string_view op_id) {
   std::string target = rc.path;
   const auto at = target.find("{operation_id}");
@@ -71,8 +86,10 @@ std::string reconcile_target(const settings::ReconcileSettings& rc, std::string_
 
 asio::awaitable<idempotency::Event> Gateway::refetch(Exchange& x) {
   const auto target = refetch_target(x.row->response->resource_id);
+  const auto span = obs::new_span_id();
+  const auto span_start = obs::unix_now_ns();
   const auto t0 = SteadyClock::now();
-  x.upstream = co_await deps_.upstream->send(lookup_request(x, "GET", target));
+  x.upstream = co_await deps_.upstream->send(lookup_request(x, "GET", target, span));
   x.upstream_seconds = (x.upstream_seconds < 0 ? 0 : x.upstream_seconds) + seconds_since(t0);
   idempotency::Refetched r;
   if (x.upstream.failure == upstream::Failure::none) {
@@ -80,9 +97,11 @@ asio::awaitable<idempotency::Event> Gateway::refetch(Exchange& x) {
     if (status >= 200 && status < 300) r.result = idempotency::RefetchResult::fetched;
     if (status >= 400 && status < 500) r.result = idempotency::RefetchResult::refused;
   }
-  deps_.metrics->refetch(r.result == idempotency::RefetchResult::fetched   ? "fetched"
-                         : r.result == idempotency::RefetchResult::refused ? "refused"
-                                                                           : "failed");
+  const std::string_view said = r.result == idempotency::RefetchResult::fetched   ? "fetched"
+                                : r.result == idempotency::RefetchResult::refused ? "refused"
+                                                                                  : "failed";
+  deps_.metrics->refetch(said);
+  lookup_span(x, "refetch", span_start, span, said);
   co_return r;
 }
 
@@ -142,7 +161,9 @@ asio::awaitable<idempotency::Event> Gateway::reconcile(Exchange& x, store::Owner
   if (x.operation_id.empty()) {
     x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
   }
-  auto req = lookup_request(x, rs.reconcile.method, reconcile_target(rs.reconcile, x.operation_id));
+  const auto span = obs::new_span_id();
+  const auto span_start = obs::unix_now_ns();
+  auto req = lookup_request(x, rs.reconcile.method, reconcile_target(rs.reconcile, x.operation_id), span);
   set_owner_headers(req.base(), x.operation_id, owner, std::string());
   const auto t0 = SteadyClock::now();
   x.upstream = co_await deps_.upstream->send(std::move(req));
@@ -158,6 +179,7 @@ asio::awaitable<idempotency::Event> Gateway::reconcile(Exchange& x, store::Owner
                                     ? "not_found"
                                     : "failed";
   deps_.metrics->reconciliation(said);
+  lookup_span(x, "reconcile", span_start, span, said, owner.attempt);
   spdlog::info("reconciled an unknown outcome (route {}, key_hash {}, attempt {}): {}", rs.name,
                x.key_hash, owner.attempt, said);
   co_return r;

@@ -255,7 +255,9 @@ class Family {
   X(cache_bytes,        Gauge,           "idemproxy_replay_cache_bytes",         "",             \
     "Approximate memory held by the replay cache.")                                              \
   X(trace_spans,        Counter,         "idemproxy_trace_spans_total",          "result",       \
-    "Spans of the OTLP exporter: exported, dropped (queue full) or failed (export failed).")
+    "Spans of the OTLP exporter: exported, dropped (queue full) or failed (every attempt to export failed).") \
+  X(trace_retries,      Counter,         "idemproxy_trace_export_retries_total", "",             \
+    "Exports of a batch of spans tried again after a failed attempt.")
 // clang-format on
 
 // --- Prometheus text format -------------------------------------------------------------
@@ -421,6 +423,7 @@ struct Metrics::Impl {
   Gauge& cache_on = cache_active.get("");
   Gauge& cache_count = cache_entries.get("");
   Gauge& cache_size = cache_bytes.get("");
+  Counter& trace_retry = trace_retries.get("");
   std::array<Histogram*, kStoreOpCount> store_ops{};
 
   Impl() {
@@ -498,6 +501,8 @@ void Metrics::replay_cache_lookup(bool hit) { (hit ? impl_->cache_hit : impl_->c
 void Metrics::trace_spans(std::string_view result, std::uint64_t n) {
   impl_->trace_spans.get(result).add(n);
 }
+void Metrics::trace_export_retry() { impl_->trace_retry.add(1); }
+std::uint64_t Metrics::trace_export_retries() const { return impl_->trace_retry.get(); }
 std::uint64_t Metrics::trace_spans(std::string_view result) const {
   const auto* c = impl_->trace_spans.find(result);
   return c != nullptr ? c->get() : 0;

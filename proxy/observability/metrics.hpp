@@ -82,8 +82,10 @@ class Metrics {
   void replay_cache_notification();
   void set_replay_cache(bool active, std::size_t entries, std::size_t bytes);
   // Spans of the OTLP exporter (tracing.hpp): "exported", "dropped" (queue full) or
-  // "failed" (the export did not succeed).
+  // "failed" (no attempt to export them succeeded).
   void trace_spans(std::string_view result, std::uint64_t n);
+  // One more attempt at exporting a batch whose previous attempt failed.
+  void trace_export_retry();
 
   // Reads for tests and the admin endpoint.
   std::uint64_t requests(std::string_view route, Outcome outcome) const;
@@ -98,6 +100,7 @@ class Metrics {
   std::uint64_t replay_cache_hits() const;
   std::uint64_t replay_cache_notifications() const;
   std::uint64_t trace_spans(std::string_view result) const;
+  std::uint64_t trace_export_retries() const;
 
   std::string render_prometheus() const;
 

@@ -1,6 +1,7 @@
 // OTLP/HTTP JSON span exporter (tracing.hpp).
 #include "observability/tracing.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <boost/asio/connect.hpp>
@@ -109,10 +110,29 @@ void SpanExporter::run() {
                             std::make_move_iterator(queue_.begin() + static_cast<std::ptrdiff_t>(n)));
     queue_.erase(queue_.begin(), queue_.begin() + static_cast<std::ptrdiff_t>(n));
     lock.unlock();
-    const bool ok = post(spans_json(batch));
+    const bool ok = export_batch(spans_json(batch));
     if (metrics_ != nullptr) metrics_->trace_spans(ok ? "exported" : "failed", batch.size());
     lock.lock();
   }
+}
+
+bool SpanExporter::export_batch(const std::string& body) {
+  if (post(body)) return true;
+  Millis backoff = options_.retry_backoff;
+  for (std::size_t attempt = 1; attempt < options_.max_attempts; ++attempt) {
+    {
+      // Only a stop ends the wait early; a submit's wake-up is for the main loop, which
+      // checks the queue itself before it waits again.
+      std::unique_lock lock(mutex_);
+      if (wake_.wait_for(lock, backoff, [&] { return stopping_; })) return false;
+    }
+    if (metrics_ != nullptr) metrics_->trace_export_retry();
+    if (post(body)) return true;
+    backoff = std::min(backoff * 2, options_.max_backoff);
+  }
+  spdlog::debug("trace export to {}:{} failed {} times; its spans are dropped", options_.host, options_.port,
+                options_.max_attempts);
+  return false;
 }
 
 // One POST on a fresh connection, every step bounded by the one deadline. Any answer but

@@ -6,8 +6,13 @@
 //     bounded queue under a mutex and returns at once; a full queue drops the spans and
 //     counts them (never blocks, never allocates beyond the bound);
 //   - one exporter thread takes up to `batch` spans at a time and POSTs them, each export
-//     bounded by `timeout`; a failed export is counted and its spans dropped (no retry
-//     queue that could grow while a collector is down).
+//     bounded by `timeout`. A failed export (no connection, a timeout, an answer but 2xx)
+//     is tried again with the same batch, at most `max_attempts` times in all, after
+//     waits of `retry_backoff` doubling up to `max_backoff`; then its spans are dropped
+//     and counted as failed. Only the one batch in hand is retried: spans submitted
+//     meanwhile wait in the same bounded queue (and are dropped, counted, when it is
+//     full), so a collector that is down costs at most queue_capacity + batch spans of
+//     memory. A stop cuts the waits short: the flush at exit tries each batch once.
 // span_json() is pure, for tests.
 #include <condition_variable>
 #include <cstdint>
@@ -55,6 +60,9 @@ struct ExporterOptions {
   std::size_t batch = 512;            // spans per export
   Millis flush_interval{1000};        // a partial batch waits at most this long
   Millis timeout{2000};               // connect + write + read of one export
+  std::size_t max_attempts = 4;       // per batch, the first one included (>= 1)
+  Millis retry_backoff{500};          // the wait before the second attempt, then doubled
+  Millis max_backoff{4000};           // the longest wait between two attempts
 };
 
 class SpanExporter {
@@ -69,6 +77,9 @@ class SpanExporter {
 
  private:
   void run();
+  // Exports one batch, with the retries; false when every attempt failed. Called without
+  // the lock; takes it only to wait.
+  bool export_batch(const std::string& body);
   bool post(const std::string& body);
 
   ExporterOptions options_;

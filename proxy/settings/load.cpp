@@ -605,7 +605,7 @@ void parse_tracing(const Loader& L, const Item& it, TracingSettings& t) {
 }
 
 void parse_encryption(const Loader& L, const Item& it, EncryptionSettings& e) {
-  Map m(L, it, {"keys", "active"});
+  Map m(L, it, {"keys", "active", "allow_clear_backend_records"});
   const auto keys = m.required("keys");
   const auto items = L.list(keys);
   if (items.empty()) L.fail(keys, "must be a non-empty list of {id, file}");
@@ -626,6 +626,7 @@ void parse_encryption(const Loader& L, const Item& it, EncryptionSettings& e) {
   const auto active = m.required("active");
   e.active = L.word(active);
   if (ids.count(e.active) == 0) L.fail(active, "'" + e.active + "' is not the id of one of encryption.keys");
+  if (auto v = m.get("allow_clear_backend_records")) e.allow_clear_backend_records = L.boolean(*v);
 }
 
 // Returns the line of key.header, for the cross-check against the tenant headers.
@@ -762,7 +763,8 @@ void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
 }
 
 struct RouteLines {
-  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0, async_after = 0;
+  int name = 0, method_path = 0, retention = 0, lease = 0, key_header = 0, async_after = 0,
+      completion = 0;
 };
 
 void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
@@ -840,6 +842,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   if (auto v = m.get("completion")) {
     r.completion = L.choice<Completion>(
         *v, {{"sidecar", Completion::sidecar}, {"backend", Completion::backend}});
+    lines.completion = v->line;
   }
   parse_long_operations(L, m, r);
   if (auto v = m.get("async")) lines.async_after = v->line;
@@ -861,6 +864,21 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
     L.fail(lines.key_header, it.path + ".key.header",
            "the idempotency key header '" + r.key.header + "' is also the tenant or principal header");
   }
+}
+
+// A backend that completes its own records (completion: backend) writes them with the SQL
+// functions of migration 0004, in its own transaction and without idemproxy's keys: they
+// are stored in clear whatever `encryption` says. A configuration that asks for encryption
+// at rest must not get clear customer data silently, so the combination needs an explicit
+// opt-in. (encryption is parsed before routes, so its settings are known here.)
+void check_clear_backend_records(const Loader& L, const EncryptionSettings& e, const RouteLines& lines,
+                                 const std::string& route_path, const RouteSettings& r) {
+  if (e.keys.empty() || e.allow_clear_backend_records || r.completion != Completion::backend) return;
+  L.fail(lines.completion, route_path + ".completion",
+         "completion: backend stores this route's answers in clear, although encryption is "
+         "configured: the backend writes the record in its own transaction without "
+         "idemproxy's keys. Use completion: sidecar, or set "
+         "encryption.allow_clear_backend_records: true to accept clear records for this route");
 }
 
 Settings parse_root(const Loader& L, const Item& root) {
@@ -920,6 +938,7 @@ Settings parse_root(const Loader& L, const Item& root) {
                    ") must be shorter than upstream.response_timeout (" +
                    detail::format_duration(s.upstream.response_timeout) + ")");
       }
+      check_clear_backend_records(L, s.encryption, lines, item.path, r);
       s.routes.push_back(std::move(r));
     }
   }

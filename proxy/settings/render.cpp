@@ -305,6 +305,7 @@ void render_extensions(YamlOut& y, const Settings& s) {
     y.section(0, "encryption");
     y.line(2, "keys", keys + "]");
     y.line(2, "active", yaml_quote(s.encryption.active));
+    y.line(2, "allow_clear_backend_records", s.encryption.allow_clear_backend_records ? "true" : "false");
   }
 }
 

@@ -150,6 +150,9 @@ struct EncryptionKeyFile {
 struct EncryptionSettings {
   std::vector<EncryptionKeyFile> keys;
   std::string active;  // the id new records are sealed with; required with keys
+  // A `completion: backend` route's records are written by the backend, which has no key:
+  // they stay in clear. Refused with encryption unless this says the operator accepts it.
+  bool allow_clear_backend_records = false;
 };
 
 enum class Unmatched { pass, reject };

@@ -186,3 +186,65 @@ TEST_CASE("reload: mtls keeps the client CA it needs") {
   CHECK(plan.effective->tls->client_ca_file == "/clients.pem");
   CHECK(plan.effective->tenant.from == settings::TenantSource::mtls);
 }
+
+// --- encryption keys --------------------------------------------------------------------------
+
+namespace {
+
+settings::Settings with_keys(settings::Settings s, std::vector<std::string> ids, std::string active) {
+  s.encryption.keys.clear();
+  for (auto& id : ids) s.encryption.keys.push_back({id, "/etc/idemproxy/" + id + ".key"});
+  s.encryption.active = std::move(active);
+  return s;
+}
+
+std::string reload_error(const settings::Settings& next, const settings::Settings& running) {
+  try {
+    app::plan_reload(next, running, true);
+  } catch (const settings::ConfigError& e) {
+    return e.key() + ": " + e.what();
+  }
+  return "no error";
+}
+
+}  // namespace
+
+TEST_CASE("reload: new encryption keys and another active key apply at once") {
+  const auto running = with_keys(base(), {"a"}, "a");
+  auto next = with_keys(base(), {"a", "b"}, "b");
+  next.encryption.keys[0].file = "/etc/idemproxy/a-moved.key";
+  const auto plan = app::plan_reload(next, running, true);
+  CHECK(plan.restart_only.empty());
+  const auto& e = plan.effective->encryption;
+  REQUIRE(e.keys.size() == 2);
+  CHECK(e.keys[0].file == "/etc/idemproxy/a-moved.key");
+  CHECK(e.keys[1].id == "b");
+  CHECK(e.active == "b");
+  // Retiring a key is a reload too (its records stop opening: 503, never another answer).
+  const auto retired = app::plan_reload(with_keys(base(), {"b"}, "b"), next, true);
+  CHECK(retired.restart_only.empty());
+  CHECK(retired.effective->encryption.keys.size() == 1);
+}
+
+TEST_CASE("reload: encryption is not turned on or off; kept, it still refuses clear backend records") {
+  const auto on = with_keys(base(), {"a"}, "a");
+  const auto off = base();
+  const auto to_off = app::plan_reload(off, on, true);
+  CHECK(lists(to_off, "encryption"));
+  CHECK(to_off.effective->encryption.active == "a");
+  const auto to_on = app::plan_reload(on, off, true);
+  CHECK(lists(to_on, "encryption"));
+  CHECK(to_on.effective->encryption.keys.empty());
+
+  // The file without encryption may have a backend-completed route; the running keys stay,
+  // and would store that route's records in clear without the opt-in: refused.
+  auto backend = off;
+  backend.routes.front().completion = settings::Completion::backend;
+  const auto refused = reload_error(backend, on);
+  CHECK(refused.rfind("routes[0].completion: ", 0) == 0);
+  CHECK(refused.find("allow_clear_backend_records") != std::string::npos);
+  auto allowed = on;
+  allowed.encryption.allow_clear_backend_records = true;
+  CHECK(app::plan_reload(backend, allowed, true).effective->routes.front().completion ==
+        settings::Completion::backend);
+}
