@@ -1,21 +1,16 @@
 // W3C Trace Context end to end: the client's traceparent continued towards the backend
 // with a span of the sidecar's own as parent, tracestate passed on, the trace id in the
 // access log, in the record (PostgreSQL) and on the answer, a replay naming the original's
-// trace; and the OTLP/HTTP JSON export of the spans to a collector written here (a real
-// HTTP server on a local port that records what it is sent).
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
-
-#include <atomic>
+// trace; and the OTLP/HTTP JSON export of the spans to a collector (a real HTTP server on
+// a local port that records what it is sent: test_support/http_sink.hpp).
 #include <future>
-#include <mutex>
 #include <set>
 #include <thread>
 
+#include <boost/json.hpp>
+
 #include "ops_common.hpp"
+#include "test_support/http_sink.hpp"
 
 using namespace idem::it;
 using namespace idem::it::suite;
@@ -23,38 +18,12 @@ using namespace idem::it::ops;
 
 namespace {
 
-namespace beast = boost::beast;
-namespace bhttp = boost::beast::http;
-using boost::asio::ip::tcp;
-
-// An OTLP/HTTP collector: accepts connections on 127.0.0.1, reads one request per
-// connection, records its target, content type and body, answers 200 with an empty
-// ExportTraceServiceResponse.
+// An OTLP/HTTP collector: records each export's target, content type and body, answers
+// 200 with an empty ExportTraceServiceResponse.
 class Collector {
  public:
-  Collector() : acceptor_(ioc_, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0)) {
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~Collector() {
-    stopping_ = true;
-    boost::system::error_code ec;
-    // Wake the blocking accept with a connection of our own.
-    tcp::socket poke(ioc_);
-    poke.connect(acceptor_.local_endpoint(), ec);
-    thread_.join();
-  }
-  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
-  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(port()) + "/v1/traces"; }
-
-  struct Post {
-    std::string target;
-    std::string content_type;
-    std::string body;
-  };
-  std::vector<Post> posts() {
-    std::lock_guard lock(mutex_);
-    return posts_;
-  }
+  std::string endpoint() const { return "http://127.0.0.1:" + std::to_string(sink_.port()) + "/v1/traces"; }
+  std::vector<idem::test::HttpSink::Post> posts() { return sink_.posts(); }
   // Every span of every export, flattened.
   std::vector<boost::json::object> spans() {
     std::vector<boost::json::object> out;
@@ -70,36 +39,7 @@ class Collector {
   }
 
  private:
-  void serve() {
-    while (!stopping_) {
-      tcp::socket socket(ioc_);
-      boost::system::error_code ec;
-      acceptor_.accept(socket, ec);
-      if (ec || stopping_) continue;
-      beast::flat_buffer buffer;
-      bhttp::request_parser<bhttp::string_body> parser;
-      parser.body_limit(16 << 20);
-      bhttp::read(socket, buffer, parser, ec);
-      if (ec) continue;
-      const auto& req = parser.get();
-      {
-        std::lock_guard lock(mutex_);
-        posts_.push_back({std::string(req.target()), std::string(req[bhttp::field::content_type]), req.body()});
-      }
-      bhttp::response<bhttp::string_body> res{bhttp::status::ok, 11};
-      res.set(bhttp::field::content_type, "application/json");
-      res.body() = "{}";
-      res.prepare_payload();
-      bhttp::write(socket, res, ec);
-    }
-  }
-
-  boost::asio::io_context ioc_;
-  tcp::acceptor acceptor_;
-  std::atomic<bool> stopping_{false};
-  std::mutex mutex_;
-  std::vector<Post> posts_;
-  std::thread thread_;
+  idem::test::HttpSink sink_;
 };
 
 constexpr const char* kClientTrace = "4bf92f3577b34da6a3ce929d0e0e4736";

@@ -3,20 +3,14 @@
 // queue stays bounded meanwhile (drops counted).
 #include <doctest/doctest.h>
 
-#include <atomic>
+#include <chrono>
 #include <deque>
-#include <mutex>
-#include <thread>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/read.hpp>
-#include <boost/beast/http/string_body.hpp>
-#include <boost/beast/http/write.hpp>
+#include <string>
+#include <vector>
 
 #include "observability/metrics.hpp"
 #include "observability/tracing.hpp"
+#include "test_support/http_sink.hpp"
 #include "test_support/wait.hpp"
 
 using namespace idem;
@@ -25,68 +19,26 @@ using namespace std::chrono_literals;
 
 namespace {
 
-namespace bhttp = boost::beast::http;
-using boost::asio::ip::tcp;
 
-// Answers each POST with the next status of a script (then always the last one), and
-// records the bodies and when they came.
+// The collector: answers each POST with the next status of a script (then always the
+// last one), and records the bodies and when they came.
 class Sink {
  public:
-  explicit Sink(std::deque<int> statuses)
-      : statuses_(std::move(statuses)), acceptor_(ioc_, tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0)) {
-    thread_ = std::thread([this] { serve(); });
-  }
-  ~Sink() {
-    stopping_ = true;
-    boost::system::error_code ec;
-    tcp::socket poke(ioc_);
-    poke.connect(acceptor_.local_endpoint(), ec);
-    thread_.join();
-  }
-  std::uint16_t port() const { return acceptor_.local_endpoint().port(); }
+  explicit Sink(std::deque<int> statuses) : sink_(std::move(statuses)) {}
+  std::uint16_t port() const { return sink_.port(); }
   std::vector<std::string> bodies() {
-    std::lock_guard lock(mutex_);
-    return bodies_;
+    std::vector<std::string> out;
+    for (auto& p : sink_.posts()) out.push_back(std::move(p.body));
+    return out;
   }
   std::vector<std::chrono::steady_clock::time_point> times() {
-    std::lock_guard lock(mutex_);
-    return times_;
+    std::vector<std::chrono::steady_clock::time_point> out;
+    for (const auto& p : sink_.posts()) out.push_back(p.at);
+    return out;
   }
 
  private:
-  void serve() {
-    while (!stopping_) {
-      tcp::socket socket(ioc_);
-      boost::system::error_code ec;
-      acceptor_.accept(socket, ec);
-      if (ec || stopping_) continue;
-      boost::beast::flat_buffer buffer;
-      bhttp::request<bhttp::string_body> req;
-      bhttp::read(socket, buffer, req, ec);
-      if (ec) continue;
-      int status = 200;
-      {
-        std::lock_guard lock(mutex_);
-        bodies_.push_back(req.body());
-        times_.push_back(std::chrono::steady_clock::now());
-        status = statuses_.front();
-        if (statuses_.size() > 1) statuses_.pop_front();
-      }
-      bhttp::response<bhttp::string_body> res{static_cast<bhttp::status>(status), 11};
-      res.body() = "{}";
-      res.prepare_payload();
-      bhttp::write(socket, res, ec);
-    }
-  }
-
-  std::deque<int> statuses_;
-  boost::asio::io_context ioc_;
-  tcp::acceptor acceptor_;
-  std::atomic<bool> stopping_{false};
-  std::mutex mutex_;
-  std::vector<std::string> bodies_;
-  std::vector<std::chrono::steady_clock::time_point> times_;
-  std::thread thread_;
+  test::HttpSink sink_;
 };
 
 ExporterOptions options_for(const Sink& sink) {
