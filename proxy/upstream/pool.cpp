@@ -364,7 +364,7 @@ asio::awaitable<bool> Pool::Impl::handshake(Connection& conn, const ClientTls& t
 // Reads the final response (interim 1xx skipped) into `out`, and gives the connection
 // back to the pool when the exchange ended at a boundary both sides agree on
 // (upstream/response.hpp decides; this drives the reads). The header is read first, so its
-// size is checked as a whole (check_header), then the rest of the message.
+// size and framing are checked before the body (check_header), then the rest.
 asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, Outcome& out) {
   const ResponseLimits limits{options.max_response_header, options.max_response_body};
   conn->buffer.max_size(read_buffer_cap(limits));
@@ -378,7 +378,7 @@ asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, 
       out.failure = Failure::timeout;
       co_return;
     }
-    out.failure = hec ? classify_read_error(hec) : check_header(hn, limits);
+    out.failure = hec ? classify_read_error(hec) : check_header(parser, hn, limits, head);
     if (out.failure != Failure::none) co_return;
     if (!parser.is_done()) {
       auto [rec, n] = conn->tls_stream

@@ -4,12 +4,20 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
 
 namespace idem::upstream {
 
 namespace {
+
 constexpr std::size_t kReadBufferSlack = 64 * 1024;
+
+// True for a response whose body its framing fields delimit (RFC 9112 §6.3, rules 1-2).
+bool has_framed_body(unsigned status, bool head) noexcept {
+  return !head && status / 100 != 1 && status != 204 && status != 304;
+}
+
 }  // namespace
 
 std::size_t read_buffer_cap(const ResponseLimits& limits) noexcept {
@@ -41,8 +49,18 @@ Failure classify_read_error(const error_code& ec) noexcept {
   return Failure::broken;  // reset, EPIPE, ...: the connection died under the exchange
 }
 
-Failure check_header(std::size_t header_bytes, const ResponseLimits& limits) noexcept {
-  return header_bytes > limits.max_header ? Failure::response_too_large : Failure::none;
+Failure check_header(const ResponseParser& parser, std::size_t header_bytes,
+                     const ResponseLimits& limits, bool head) noexcept {
+  if (header_bytes > limits.max_header) return Failure::response_too_large;
+  const auto& header = parser.get();
+  if (!has_framed_body(header.result_int(), head)) return Failure::none;
+  const auto encodings = header.count(http::field::transfer_encoding);
+  if (encodings == 0) return Failure::none;
+  if (encodings > 1 || header.count(http::field::content_length) > 0 || header.version() < 11 ||
+      !beast::iequals(header[http::field::transfer_encoding], "chunked")) {
+    return Failure::bad_response;
+  }
+  return Failure::none;
 }
 
 Verdict judge(const ResponseParser& parser, bool head, std::size_t buffered) noexcept {
