@@ -6,6 +6,7 @@
 
 #include <boost/beast/core/string.hpp>
 #include <boost/beast/http/error.hpp>
+#include <boost/beast/http/rfc7230.hpp>
 
 namespace idem::upstream {
 
@@ -16,6 +17,21 @@ constexpr std::size_t kReadBufferSlack = 64 * 1024;
 // True for a response whose body its framing fields delimit (RFC 9112 §6.3, rules 1-2).
 bool has_framed_body(unsigned status, bool head) noexcept {
   return !head && status / 100 != 1 && status != 204 && status != 304;
+}
+
+// A "close" option in any Connection field: the backend will close the connection (RFC
+// 9112 §9.6). Beast's keep_alive() looks only for "keep-alive" in HTTP/1.0, so an HTTP/1.0
+// "Connection: keep-alive, close" read as reusable, and the next request on it would fail
+// as sent-but-unanswered: an unknown outcome for a request the backend never received
+// (found by fuzz/response).
+bool announces_close(const http::fields& header) {
+  const auto [first, last] = header.equal_range(http::field::connection);
+  for (auto f = first; f != last; ++f) {
+    for (const auto option : http::token_list{f->value()}) {
+      if (beast::iequals(option, "close")) return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace
@@ -77,7 +93,8 @@ Verdict judge(const ResponseParser& parser, bool head, std::size_t buffered) noe
   // ran, or another request's answer recorded as its own). Such answers are rare on
   // protected routes; a new connection costs less.
   const bool bodiless = head || status == 204 || status == 304;
-  const bool reusable = parser.keep_alive() && !parser.need_eof() && !bodiless && buffered == 0;
+  const bool reusable = parser.keep_alive() && !announces_close(parser.get()) && !parser.need_eof() &&
+                        !bodiless && buffered == 0;
   return {Failure::none, false, reusable};
 }
 

@@ -133,6 +133,12 @@ TEST_CASE("response: only a response that ends where both sides agree leaves the
   CHECK_FALSE(read("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok").verdict.reusable);
   CHECK_FALSE(read("HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok").verdict.reusable);
   CHECK(read("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok").verdict.reusable);
+  // "close" wins over "keep-alive", in HTTP/1.0 too, in one field or two.
+  CHECK_FALSE(read("HTTP/1.0 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 2\r\n\r\nok").verdict.reusable);
+  CHECK_FALSE(read("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nConnection: Close\r\nContent-Length: 2\r\n\r\nok")
+                  .verdict.reusable);
+  CHECK_FALSE(read("HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok")
+                  .verdict.reusable);
   // A bodiless status (and any answer to HEAD) retires the connection, with or without
   // bytes after it, and never yields a body.
   for (const std::string status : {"204 No Content", "304 Not Modified"}) {
