@@ -384,12 +384,14 @@ asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, 
       auto [rec, n] = conn->tls_stream
                           ? co_await http::async_read(*conn->tls_stream, conn->buffer, parser, use_tuple)
                           : co_await http::async_read(conn->plain, conn->buffer, parser, use_tuple);
-      if (conn->timed_out()) {
-        out.failure = Failure::timeout;
-        co_return;
-      }
+      // A complete answer is not discarded for a deadline that fired meanwhile: the body
+      // read completes through the event loop even when the header's read already brought
+      // every byte, so after a stall (a process stopped, then continued, past its deadline)
+      // the expired timer runs first although the whole answer had arrived. Had the read
+      // needed the socket, the deadline's shutdown would have failed it. The connection is
+      // shut down either way: not pooled.
       if (rec) {
-        out.failure = classify_read_error(rec);
+        out.failure = conn->timed_out() ? Failure::timeout : classify_read_error(rec);
         co_return;
       }
     }
@@ -398,7 +400,7 @@ asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, 
     out.failure = verdict.failure;
     if (out.failure != Failure::none) co_return;
     out.response = parser.release();
-    if (verdict.reusable) give_back(std::move(conn));  // conn is null now: nothing to close
+    if (verdict.reusable && !conn->timed_out()) give_back(std::move(conn));  // conn is null now
     co_return;
   }
 }
