@@ -1,4 +1,5 @@
-// Reference request reader (see reference_http.hpp), from RFC 9112 §2-§7 and RFC 9110 §5.
+// Reference request and response reader (see reference_http.hpp), from RFC 9112 §2-§9 and
+// RFC 9110 §5, §8.6.
 #include "support/reference_http.hpp"
 
 #include <limits>
@@ -157,7 +158,9 @@ void check_chunk_ext(std::string_view s) {
   }
 }
 
-void read_chunked(Reader& r, Request& req) {
+// Message: Request or Response (the same members for the chunked body).
+template <class Message>
+void read_chunked(Reader& r, Message& req) {
   for (;;) {
     const std::string_view l = r.line();
     std::size_t i = 0;
@@ -256,6 +259,128 @@ Result parse_request(std::string_view input, std::size_t offset) {
       case Framing::chunked: read_chunked(r, req); break;
     }
     req.end = r.pos();
+    res.status = Status::ok;
+  } catch (const Incomplete&) {
+    res.status = Status::incomplete;
+  } catch (const Invalid& e) {
+    res.status = Status::invalid;
+    res.why = e.why;
+  }
+  return res;
+}
+
+namespace {
+
+// A #rule list (RFC 9110 §5.6.1): elements separated by commas with OWS around them; empty
+// elements are ignored, as a recipient must.
+std::vector<std::string_view> list_elements(std::string_view v) {
+  std::vector<std::string_view> out;
+  for (;;) {
+    const auto comma = v.find(',');
+    const std::string_view e = trim(v.substr(0, comma));
+    if (!e.empty()) out.push_back(e);
+    if (comma == std::string_view::npos) return out;
+    v.remove_prefix(comma + 1);
+  }
+}
+
+}  // namespace
+
+ResponseFraming response_framing_of(const std::vector<Field>& fields, int version, int status,
+                                    bool head, std::uint64_t* length) {
+  if (head || status / 100 == 1 || status == 204 || status == 304) return ResponseFraming::none;
+  std::size_t te = 0;
+  std::string_view te_value;
+  bool has_cl = false;
+  bool have_length = false;
+  bool bad_length = false;
+  std::uint64_t n = 0;
+  for (const Field& f : fields) {
+    if (iequal(f.name, "transfer-encoding")) {
+      ++te;
+      te_value = f.value;
+      continue;
+    }
+    if (!iequal(f.name, "content-length")) continue;
+    has_cl = true;
+    const auto elements = list_elements(f.value);
+    if (elements.empty()) bad_length = true;
+    for (const std::string_view e : elements) {
+      std::uint64_t v = 0;
+      for (const char c : e) {
+        if (c < '0' || c > '9') {
+          bad_length = true;
+          break;
+        }
+        const auto d = static_cast<std::uint64_t>(c - '0');
+        if (v > (std::numeric_limits<std::uint64_t>::max() - d) / 10) {
+          bad_length = true;
+          break;
+        }
+        v = v * 10 + d;
+      }
+      if (have_length && v != n) bad_length = true;
+      n = v;
+      have_length = true;
+    }
+  }
+  if (te > 0) {
+    if (has_cl || te > 1 || version < 11 || !iequal(te_value, "chunked")) return ResponseFraming::invalid;
+    return ResponseFraming::chunked;
+  }
+  if (!has_cl) return ResponseFraming::close;
+  if (bad_length) return ResponseFraming::invalid;
+  *length = n;
+  return ResponseFraming::length;
+}
+
+ResponseResult parse_response(std::string_view input, std::size_t offset, bool head) {
+  ResponseResult res;
+  Response& rsp = res.response;
+  Reader r(input, offset);
+  try {
+    // status-line = HTTP-version SP status-code SP [ reason-phrase ]   (RFC 9112 §4)
+    // HTTP-version = "HTTP/" DIGIT "." DIGIT; the SP before an empty reason is optional
+    // here (a lenient reading: clients ignore the reason).
+    const std::string_view l = r.line();
+    const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+    if (l.size() < 12 || l.substr(0, 5) != "HTTP/" || !digit(l[5]) || l[6] != '.' || !digit(l[7]) ||
+        l[8] != ' ' || !digit(l[9]) || !digit(l[10]) || !digit(l[11])) {
+      throw Invalid{"malformed status line"};
+    }
+    rsp.version = (l[5] - '0') * 10 + (l[7] - '0');
+    rsp.status = (l[9] - '0') * 100 + (l[10] - '0') * 10 + (l[11] - '0');
+    if (l.size() > 12) {
+      if (l[12] != ' ') throw Invalid{"malformed status line"};
+      rsp.reason = std::string(l.substr(13));
+      for (const char c : rsp.reason) {
+        if (!is_field_char(c)) throw Invalid{"control character in the reason phrase"};
+      }
+    }
+    rsp.fields = r.fields();
+    res.header_complete = true;
+    res.header_end = r.pos();
+
+    bool close = false;
+    bool keep_alive_option = false;
+    for (const Field& f : rsp.fields) {
+      if (!iequal(f.name, "connection")) continue;
+      for (const std::string_view o : list_elements(f.value)) {
+        close = close || iequal(o, "close");
+        keep_alive_option = keep_alive_option || iequal(o, "keep-alive");
+      }
+    }
+    rsp.keep_alive = !close && (rsp.version >= 11 || keep_alive_option);
+
+    rsp.framing = response_framing_of(rsp.fields, rsp.version, rsp.status, head, &rsp.length);
+    switch (rsp.framing) {
+      case ResponseFraming::invalid: throw Invalid{"ambiguous or malformed framing"};
+      case ResponseFraming::none: break;
+      case ResponseFraming::length: rsp.body = std::string(r.bytes(rsp.length)); break;
+      case ResponseFraming::chunked: read_chunked(r, rsp); break;
+      case ResponseFraming::close: rsp.body = std::string(r.bytes(input.size() - r.pos())); break;
+    }
+    rsp.end = r.pos();
     res.status = Status::ok;
   } catch (const Incomplete&) {
     res.status = Status::incomplete;

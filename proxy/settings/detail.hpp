@@ -59,6 +59,11 @@ std::string format_endpoint(const Endpoint& e);
 // Fills host, port and base_path from url (http only). Throws SyntaxError.
 void parse_upstream_url(std::string_view url, UpstreamSettings& out);
 
+// database.url as libpq reads it, without connecting (PQconninfoParse): nullopt when libpq
+// accepts it, otherwise why not, in words that quote nothing of the value (any word of it
+// may be, or be part of, the password).
+std::optional<std::string> database_url_problem(const std::string& url);
+
 // Route path: '/' followed by segments; a segment is either literal text or a whole
 // "{name}" parameter. Throws SyntaxError.
 void check_route_path(std::string_view path);

@@ -429,11 +429,12 @@ void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
   if (d.url.empty()) {
     L.fail(url, "must not be empty (a libpq URI such as postgresql://user@host/db, or conninfo)");
   }
-  // libpq validates the rest when it connects; this only catches a value that is neither
-  // form (typically a variable holding something else), while the file and line are known.
-  const bool uri = d.url.rfind("postgresql://", 0) == 0 || d.url.rfind("postgres://", 0) == 0;
-  if (!uri && d.url.find('=') == std::string::npos) {
-    L.fail(url, "expected a libpq URI (postgresql://...) or conninfo (host=... dbname=...)");
+  // Read as libpq will read it (without connecting), while the file and line are known:
+  // a value libpq refuses would otherwise pass check-config and a reload, and fail at the
+  // first connection. The message quotes nothing of the value (it holds the password).
+  if (auto problem = detail::database_url_problem(d.url)) {
+    L.fail(url, "expected a libpq URI (postgresql://...) or conninfo (host=... dbname=...): " +
+                    *problem);
   }
   if (auto v = m.get("pool_size")) d.pool_size = static_cast<int>(L.integer(*v, 1, 1000));
   if (auto v = m.get("connect_timeout")) d.connect_timeout = L.duration(*v, kOneMs);

@@ -17,6 +17,7 @@
 #include "common/http_head.hpp"
 #include "common/message_parser.hpp"
 #include "upstream/client.hpp"
+#include "upstream/response.hpp"
 #include "upstream/tls.hpp"
 
 #include <sys/socket.h>
@@ -53,11 +54,6 @@ constexpr auto use_tuple = asio::as_tuple(asio::use_awaitable);
 constexpr Millis kTlsWarningPeriod{10000};
 // Above this, a pooled connection gives its buffers back before going idle.
 constexpr std::size_t kKeepBufferBytes = 64 * 1024;
-// The read buffer never holds more unparsed input than the header limit plus this: body
-// bytes are consumed as they arrive, so only an unfinished header, chunk line or trailer
-// section could fill it (a chunk extension or trailer that never ends would otherwise
-// grow it until the response timeout).
-constexpr std::size_t kReadBufferSlack = 64 * 1024;
 
 std::string strip_brackets(const std::string& host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -87,23 +83,6 @@ bool still_usable(tcp::socket& socket, TlsStream* tls) noexcept {
     if (n < 0 && errno == EINTR) continue;
     return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
   }
-}
-
-Failure classify_read_error(const error_code& ec) noexcept {
-  if (ec == http::error::body_limit || ec == http::error::header_limit ||
-      ec == http::error::buffer_overflow) {
-    // The header limit (and the trailer and extension budget, and the buffer cap) is
-    // reported as "too large" as well: the backend did answer, and what it sent was bigger
-    // than we accept.
-    return Failure::response_too_large;
-  }
-  if (ec == http::error::end_of_stream || ec == http::error::partial_message) {
-    return Failure::broken;
-  }
-  if (ec.category() == http::make_error_code(http::error::bad_target).category()) {
-    return Failure::bad_response;
-  }
-  return Failure::broken;  // reset, EPIPE, ...: the connection died under the exchange
 }
 
 // The request line and header fields exactly as Beast's serializer writes them:
@@ -383,48 +362,45 @@ asio::awaitable<bool> Pool::Impl::handshake(Connection& conn, const ClientTls& t
 }
 
 // Reads the final response (interim 1xx skipped) into `out`, and gives the connection
-// back to the pool when the exchange ended at a boundary both sides agree on.
+// back to the pool when the exchange ended at a boundary both sides agree on
+// (upstream/response.hpp decides; this drives the reads). The header is read first, so its
+// size and framing are checked before the body (check_header), then the rest.
 asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, Outcome& out) {
-  conn->buffer.max_size(options.max_response_header + kReadBufferSlack);
+  const ResponseLimits limits{options.max_response_header, options.max_response_body};
+  conn->buffer.max_size(read_buffer_cap(limits));
   for (;;) {
-    // Trailer fields of a chunked response are dropped rather than merged into the header
-    // (common/message_parser.hpp); with chunk extensions they share the header's limit.
-    http_parse::MessageParser<false> parser(options.max_response_header);
-    parser.header_limit(static_cast<std::uint32_t>(
-        std::min<std::size_t>(options.max_response_header, UINT32_MAX)));
-    parser.body_limit(options.max_response_body);
-    if (head) parser.skip(true);  // a HEAD response carries a length but no body
-    auto [rec, n] = conn->tls_stream
-                        ? co_await http::async_read(*conn->tls_stream, conn->buffer, parser, use_tuple)
-                        : co_await http::async_read(conn->plain, conn->buffer, parser, use_tuple);
+    ResponseParser parser(limits.max_header);
+    prepare_parser(parser, limits, head);
+    auto [hec, hn] = conn->tls_stream
+                         ? co_await http::async_read_header(*conn->tls_stream, conn->buffer, parser, use_tuple)
+                         : co_await http::async_read_header(conn->plain, conn->buffer, parser, use_tuple);
     if (conn->timed_out()) {
       out.failure = Failure::timeout;
       co_return;
     }
-    if (rec) {
-      out.failure = classify_read_error(rec);
-      co_return;
+    out.failure = hec ? classify_read_error(hec) : check_header(parser, hn, limits, head);
+    if (out.failure != Failure::none) co_return;
+    if (!parser.is_done()) {
+      auto [rec, n] = conn->tls_stream
+                          ? co_await http::async_read(*conn->tls_stream, conn->buffer, parser, use_tuple)
+                          : co_await http::async_read(conn->plain, conn->buffer, parser, use_tuple);
+      // A complete answer is not discarded for a deadline that fired meanwhile: the body
+      // read completes through the event loop even when the header's read already brought
+      // every byte, so after a stall (a process stopped, then continued, past its deadline)
+      // the expired timer runs first although the whole answer had arrived. Had the read
+      // needed the socket, the deadline's shutdown would have failed it. The connection is
+      // shut down either way: not pooled.
+      if (rec) {
+        out.failure = conn->timed_out() ? Failure::timeout : classify_read_error(rec);
+        co_return;
+      }
     }
-    const unsigned status = parser.get().result_int();
-    if (status == 101) {
-      out.failure = Failure::bad_response;  // we never asked to switch protocols
-      co_return;
-    }
-    if (status / 100 == 1) continue;  // interim (100 Continue, 103 Early Hints): skip
-
-    // Pool the connection only when the exchange ended exactly at a message boundary
-    // that both sides agree on: a close-delimited body, "Connection: close" or stray
-    // bytes after the response all mean the stream cannot carry another request.
-    // Neither does a response whose framing forbids a body (204, 304, any answer to
-    // HEAD): a backend that sends one anyway leaves those bytes on the connection, maybe
-    // only after we looked, and the next request would read them as its own response
-    // (a 502 for a request the backend ran, or another request's answer recorded as its
-    // own). Such answers are rare on protected routes; a new connection costs less.
-    const bool bodiless = head || status == 204 || status == 304;
-    const bool reusable = parser.keep_alive() && !parser.need_eof() && !bodiless &&
-                          conn->buffer.size() == 0;
+    const Verdict verdict = judge(parser, head, conn->buffer.size());
+    if (verdict.interim) continue;
+    out.failure = verdict.failure;
+    if (out.failure != Failure::none) co_return;
     out.response = parser.release();
-    if (reusable) give_back(std::move(conn));  // conn is null now: nothing to close
+    if (verdict.reusable && !conn->timed_out()) give_back(std::move(conn));  // conn is null now
     co_return;
   }
 }

@@ -130,6 +130,30 @@ TEST_CASE("message parser: a response's trailer is dropped as well") {
   CHECK(res.count("Idempotent-Replayed") == 0);
 }
 
+// Found by fuzz/response (and true of requests): Beast 1.81 took any byte inside a quoted
+// chunk-extension value.
+TEST_CASE("message parser: a control character in a quoted chunk extension is refused") {
+  for (const std::string& bad : {std::string("\0", 1), std::string("\x01"), std::string("\x1f"), std::string("\x7f"),
+                                std::string("\\\x01")}) {
+    CAPTURE(bad);
+    const auto ext = ";a=\"x" + bad + "y\"";
+    const auto req = parse(kChunkedHead + "2" + ext + "\r\nok\r\n0\r\n\r\n");
+    CHECK(req.ec == http::error::bad_chunk_extension);
+    CHECK_FALSE(req.done);
+    MessageParser<false> p(1024);
+    p.eager(true);
+    error_code ec;
+    const std::string bytes = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2" + ext + "\r\nok\r\n0\r\n\r\n";
+    p.put(asio::buffer(bytes), ec);
+    CHECK(ec == http::error::bad_chunk_extension);
+  }
+  // HTAB, obs-text and quoted pairs are qdtext and stay accepted.
+  const auto ok = parse(kChunkedHead + "2;a=\"x\ty\xff\\\"z\"\r\nok\r\n0\r\n\r\n");
+  CHECK_FALSE(ok.ec);
+  CHECK(ok.done);
+  CHECK(ok.message.body() == "ok");
+}
+
 TEST_CASE("message parser: what an unfinished piece of chunk metadata was") {
   CHECK(pending_overflow("5;aaaaaaaa") == Overflow::chunk_extensions);
   CHECK(pending_overflow("\r\n5;aaaaaaaa") == Overflow::chunk_extensions);

@@ -280,3 +280,47 @@ TEST_CASE("a secret-bearing section written as one value is refused without echo
   CHECK(admin.key == "admin");
   CHECK(admin.what.find("t0ps3cr3t") == std::string::npos);
 }
+
+// Fuzzing finding 7 (docs/fuzzing.md): database.url was only asked for an '=' somewhere, so
+// a conninfo libpq refuses passed check-config and a reload, and rendered (masked) to text
+// that did not load. It is now read as libpq reads it, without connecting, and the refusal
+// quotes nothing of it: any word may be the password, or part of it.
+TEST_CASE("database.url is checked as libpq reads it, and the refusal never echoes it") {
+  const auto refused = [](const std::string& url, const std::string& reason) {
+    const auto f = failure("upstream: {url: http://h}\ndatabase:\n  url: " + url + "\n");
+    INFO("url: " << url << "\nerror: " << f.what);
+    CHECK(f.line == 3);
+    CHECK(f.key == "database.url");
+    CHECK(f.what.find("expected a libpq URI (postgresql://...) or conninfo") != std::string::npos);
+    CHECK(f.what.find(reason) != std::string::npos);
+    CHECK(f.what.find("s3cr3t") == std::string::npos);
+    CHECK(f.what.find("idem") == std::string::npos);
+  };
+  // The fuzzer's input: an '=' further on, but the first word is not a pair.
+  refused("\"hoNULdb user=idem password=s3cr3t dbname=orders\"", "the 1st word is not a key = value pair");
+  refused("\"host=db user=idem password=s3cr3t orders\"", "the 4th word is not a key = value pair");
+  refused("\"host=db password=s3 cr3t\"", "the 3rd word is not a key = value pair");
+  refused("\"host=db user=idem password='s3cr3t\"", "the value of the 3rd pair has no closing quote");
+  refused("\"host=db user=idem pasword=s3cr3t\"", "the 3rd pair names a parameter libpq does not know");
+  refused("\"host=db =s3cr3t user=idem\"", "the 2nd pair has no parameter name before '='");
+  refused("\"postgresql://idem:s3%zzcr3t@db/orders\"", "libpq refused the URI");
+  refused("\"postgresql://idem:s3cr3t@db/orders?sslmod=require\"", "libpq refused the URI");
+  refused("\"host=db\\0 password=s3cr3t\"", "it contains a NUL byte");
+
+  // What libpq accepts loads, and check-config's (masked) rendering of it loads again.
+  for (const std::string url :
+       {"host=db user=idem password=s3cr3t dbname=orders", "host = db  dbname= orders\tuser =idem",
+        "host=db password='s3 cr3t' dbname='a \\' b'", "host=db password='s3cr3t'dbname=orders",
+        "host=db password=s3\\ cr3t", "host=", "postgresql://idem:s3cr3t@db:5432/orders?sslmode=require",
+        "postgres://db/orders", "postgresql://%2Fvar%2Frun%2Fpostgresql/orders"}) {
+    INFO("url: " << url);
+    Env env{{"DB", url}};
+    const auto loaded = load("upstream: {url: http://h}\ndatabase: {url: \"${DB}\"}\n", env);
+    REQUIRE(loaded);
+    CHECK(loaded->database.url == url);
+    const auto text = render_effective(*loaded);
+    CHECK(text.find("s3cr3t") == std::string::npos);
+    CHECK(text.find("s3 cr3t") == std::string::npos);
+    CHECK_NOTHROW(load(text));
+  }
+}

@@ -63,7 +63,18 @@ enum class Mode {
   interim,              // "100 Continue" before the final response
   bodiless_then_stray,  // first answer 204, then bytes before the next answer on the connection
   chunked_with_trailer, // a chunked 200 whose trailer repeats Location and adds X-Trailer
+  sized_header,         // "/N": a 200 whose header (start line and fields) is N bytes, half each
 };
+
+// A response whose header, start line and field section together, is exactly `size` bytes
+// (at least 64): the reason phrase fills half of it, an X-Pad field the rest.
+std::string response_with_header_of(std::size_t size) {
+  const std::string start = "HTTP/1.1 200 ";
+  const std::string fields = "Content-Length: 2\r\nX-Pad: ";
+  const std::size_t reason = size / 2 - start.size() - 2;  // the start line is size / 2
+  const std::size_t pad = size - size / 2 - fields.size() - 4;
+  return start + std::string(reason, 'r') + "\r\n" + fields + std::string(pad, 'p') + "\r\n\r\nok";
+}
 
 class Backend {
   asio::io_context& ioc_;
@@ -145,6 +156,11 @@ class Backend {
             owes_stray = false;
           }
           break;
+        }
+        case Mode::sized_header: {
+          const std::string bytes = response_with_header_of(std::stoul(std::string(req.target().substr(1))));
+          co_await asio::async_write(socket, asio::buffer(bytes), use_tuple);
+          continue;
         }
         case Mode::chunked_with_trailer: {
           const std::string bytes =
@@ -358,6 +374,30 @@ TEST_CASE("upstream: connections idle longer than idle_ttl are not reused") {
     }
   });
   CHECK(backend.connections == 3);
+}
+
+// The listener's fuzzing finding 4 (docs/fuzzing.md) held for the upstream read too: when the whole header is already buffered at Beast's first look, it applies header_limit
+// to the start line and to the field section separately, so a header of up to twice the
+// limit passed when it arrived in one read (a fresh connection's first read is 512 bytes)
+// and failed when it arrived in pieces.
+TEST_CASE("upstream: the header limit counts the start line and the fields together") {
+  CHECK(response_with_header_of(450).find("\r\n\r\n") + 4 == 450);
+  asio::io_context ioc;
+  Backend backend(ioc, Mode::sized_header);
+  auto options = options_for(backend.port());
+  options.max_response_header = 300;
+  Pool pool(ioc.get_executor(), options);
+  run(ioc, [&]() -> asio::awaitable<void> {
+    // 225 + 225 bytes: each part under the limit, the header over it.
+    auto over = co_await pool.send(make_request("/450", {}, http::verb::get));
+    CHECK(over.failure == Failure::response_too_large);
+    auto limit = co_await pool.send(make_request("/300", {}, http::verb::get));
+    REQUIRE(limit.failure == Failure::none);
+    CHECK(limit.response.body() == "ok");
+    auto just_over = co_await pool.send(make_request("/301", {}, http::verb::get));
+    CHECK(just_over.failure == Failure::response_too_large);
+  });
+  CHECK(backend.requests == 3);
 }
 
 TEST_CASE("upstream: interim responses keep the connection in sync; HEAD answers retire it") {
