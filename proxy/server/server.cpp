@@ -601,8 +601,9 @@ asio::awaitable<void> Session<Stream>::lingering_close() {
   if constexpr (kTls) {
     // close_notify, then OpenSSL reads and discards what the client still sends until its
     // own close_notify or EOF: the same lingering, bounded in time the same way.
+    // Its error is of no use: the connection is closed either way.
     arm(kLingerTime, Deadline::write);
-    auto [sec] = co_await stream_.async_shutdown(use_tuple);
+    co_await stream_.async_shutdown(use_tuple);
     disarm();
     close_now();
     co_return;
