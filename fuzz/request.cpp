@@ -61,6 +61,8 @@ namespace asio = boost::asio;
 using boost::system::error_code;
 using idem::fuzz::printable;
 namespace rh = idem::fuzz::ref_http;
+using rh::collapse_ws;
+using rh::lower;
 
 // A SyncReadStream over the fuzz input that hands out pieces of a chosen size.
 class PieceStream {
@@ -283,29 +285,6 @@ Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
     }
   }
   out.ended = "request cap";
-  return out;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-  }
-  return out;
-}
-
-std::string collapse_ws(std::string_view s) {
-  std::string out;
-  bool ws = false;
-  for (const char c : s) {
-    if (c == ' ' || c == '\t') {
-      ws = true;
-      continue;
-    }
-    if (ws && !out.empty()) out += ' ';
-    ws = false;
-    out += c;
-  }
   return out;
 }
 

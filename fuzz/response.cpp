@@ -65,6 +65,8 @@ namespace up = idem::upstream;
 using boost::system::error_code;
 using idem::fuzz::printable;
 namespace rh = idem::fuzz::ref_http;
+using rh::collapse_ws;
+using rh::lower;
 
 constexpr std::string_view kMarker = "<<NEXT>>";
 constexpr int kMaxExchanges = 3;
@@ -260,29 +262,6 @@ Outcome run_connection(std::string_view data, const std::vector<std::size_t>& en
   }
   // After the last exchange: pooled, unless take_idle() would find bytes waiting.
   out.ended = buffer.size() > 0 || stream.waiting() > 0 ? "retired" : "pooled";
-  return out;
-}
-
-std::string lower(std::string_view s) {
-  std::string out(s);
-  for (auto& c : out) {
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-  }
-  return out;
-}
-
-std::string collapse_ws(std::string_view s) {
-  std::string out;
-  bool ws = false;
-  for (const char c : s) {
-    if (c == ' ' || c == '\t') {
-      ws = true;
-      continue;
-    }
-    if (ws && !out.empty()) out += ' ';
-    ws = false;
-    out += c;
-  }
   return out;
 }
 

@@ -391,4 +391,27 @@ ResponseResult parse_response(std::string_view input, std::size_t offset, bool h
   return res;
 }
 
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) {
+    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
+  }
+  return out;
+}
+
+std::string collapse_ws(std::string_view s) {
+  std::string out;
+  bool ws = false;
+  for (const char c : s) {
+    if (c == ' ' || c == '\t') {
+      ws = true;
+      continue;
+    }
+    if (ws && !out.empty()) out += ' ';
+    ws = false;
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace idem::fuzz::ref_http

@@ -104,4 +104,9 @@ ResponseResult parse_response(std::string_view input, std::size_t offset, bool h
 ResponseFraming response_framing_of(const std::vector<Field>& fields, int version, int status,
                                     bool head, std::uint64_t* length);
 
+// For comparing fields with the implementation's: ASCII lower case (field names), and runs
+// of SP/HTAB as one SP with none leading (a folded value, as obs-fold reads).
+std::string lower(std::string_view s);
+std::string collapse_ws(std::string_view s);
+
 }  // namespace idem::fuzz::ref_http
