@@ -145,15 +145,13 @@ struct Sidecar::Parts {
 std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   const auto& cfg = holder->load()->settings();
   auto w = std::make_unique<Worker>();
-  pg::PoolOptions po;
-  po.conninfo = cfg.database.url;
   const int base = cfg.database.pool_size / count;
-  po.size = static_cast<std::size_t>(base + (index < cfg.database.pool_size % count ? 1 : 0));
-  po.connect_timeout = cfg.database.connect_timeout;
-  po.statement_timeout = cfg.database.statement_timeout;
-  po.acquire_timeout = cfg.database.statement_timeout;
-  po.statements = store::pg_store_statements();
-  w->pool = pg::Pool::create(w->ioc.get_executor(), std::move(po));
+  const auto size =
+      static_cast<std::size_t>(base + (index < cfg.database.pool_size % count ? 1 : 0));
+  w->pool = pg::Pool::create(
+      w->ioc.get_executor(),
+      store::pg_store_pool_options(cfg.database.url, size, cfg.database.connect_timeout,
+                                   cfg.database.statement_timeout));
   store::PgBatching batching;
   batching.enabled = cfg.database.batching;
   batching.max_size = static_cast<std::size_t>(cfg.database.batch_max);

@@ -60,14 +60,10 @@ class Verifier {
            std::shared_ptr<const gateway::Runtime> runtime, const settings::RouteSettings& route)
       : options_(options), runtime_(std::move(runtime)), route_(route) {
     const auto& cfg = runtime_->settings();
-    pg::PoolOptions po;
-    po.conninfo = cfg.database.url;
-    po.size = 2;
-    po.connect_timeout = cfg.database.connect_timeout;
-    po.statement_timeout = cfg.database.statement_timeout;
-    po.acquire_timeout = cfg.database.statement_timeout;
-    po.statements = store::pg_store_statements();
-    pool_ = pg::Pool::create(ioc.get_executor(), std::move(po));
+    pool_ = pg::Pool::create(
+        ioc.get_executor(),
+        store::pg_store_pool_options(cfg.database.url, 2, cfg.database.connect_timeout,
+                                     cfg.database.statement_timeout));
     store_ = std::make_unique<store::PgStore>(pool_);
     upstream::PoolOptions uo;
     uo.host = cfg.upstream.host;

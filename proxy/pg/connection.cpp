@@ -442,6 +442,13 @@ asio::awaitable<error_code> Connection::setup_session(const PoolOptions& options
   if (PQsendQueryParams(conn_, kSetupSql, 3, nullptr, values, nullptr, nullptr, 0) != 1) {
     co_return lost("cannot send the session setup");
   }
+  for (const SessionSetting& s : options.settings) {
+    const char* const setting[] = {s.name.c_str(), s.value.c_str()};
+    if (PQsendQueryParams(conn_, "SELECT set_config($1, $2, false)", 2, nullptr, setting, nullptr,
+                          nullptr, 0) != 1) {
+      co_return lost("cannot send a session setting");
+    }
+  }
   for (const PreparedStatement& s : options.statements) {
     if (PQsendPrepare(conn_, s.name.c_str(), s.sql.c_str(), 0, nullptr) != 1) {
       co_return lost("cannot send a prepared statement");
@@ -453,7 +460,7 @@ asio::awaitable<error_code> Connection::setup_session(const PoolOptions& options
   // Each queued command yields its results and then a null; the first error aborts the
   // rest of the pipeline (PGRES_PIPELINE_ABORTED), and the sync point closes it.
   error_code first_error;
-  const std::size_t commands = 1 + options.statements.size();
+  const std::size_t commands = 1 + options.settings.size() + options.statements.size();
   for (std::size_t i = 0; i < commands; ++i) {
     for (;;) {
       auto next = co_await next_result();

@@ -32,6 +32,13 @@ struct PreparedStatement {
   std::string sql;
 };
 
+// A setting made for the session on every new connection (set_config(name, value, false)),
+// after the pool's own (timeouts, application_name).
+struct SessionSetting {
+  std::string name;
+  std::string value;
+};
+
 // A statement parameter: text format by default; binary for bytea payloads. It views the
 // caller's bytes, which must stay alive until the call completes.
 struct Param {
@@ -57,6 +64,7 @@ struct PoolOptions {
   Millis deadline_margin{500};
   std::string application_name = "idemproxy";
   std::vector<PreparedStatement> statements;  // prepared on every new connection
+  std::vector<SessionSetting> settings;       // set on every new connection
 };
 
 class Pool : public std::enable_shared_from_this<Pool> {

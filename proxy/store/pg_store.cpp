@@ -538,6 +538,40 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
   return statements;
 }
 
+// Every statement above reaches its rows through an index by key (or by expiry, for the
+// cleanup): none is meant to scan the table or hash it. Yet a prepared statement keeps the
+// generic plan it made when it was first run often enough, and on a young table (the
+// first seconds after the migrations, or after a restore) that plan scanned and hashed:
+// the batched completion, planned while the table held a few dozen rows, kept a
+// sequential scan as the table grew, and new keys fell from 2 700/s to 780/s within 15
+// seconds (each batch reading the whole table) until the connection was replaced. Sessions
+// of the store therefore never choose a sequential scan, a hash join or a merge join while
+// an index path exists ("enable_*" only make a path costly, never impossible, so a
+// statement with no other path still runs), whatever the statistics say at the moment a
+// plan is cached. tests/store/test_batching.cpp ("…whatever the statistics") runs the
+// statements prepared on a table that grows under them.
+const std::vector<pg::SessionSetting>& pg_store_session_settings() {
+  static const std::vector<pg::SessionSetting> settings = {
+      {"enable_seqscan", "off"},
+      {"enable_hashjoin", "off"},
+      {"enable_mergejoin", "off"},
+  };
+  return settings;
+}
+
+pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
+                                      Millis connect_timeout, Millis statement_timeout) {
+  pg::PoolOptions po;
+  po.conninfo = std::move(conninfo);
+  po.size = size;
+  po.connect_timeout = connect_timeout;
+  po.statement_timeout = statement_timeout;
+  po.acquire_timeout = statement_timeout;
+  po.statements = pg_store_statements();
+  po.settings = pg_store_session_settings();
+  return po;
+}
+
 // ---------------------------------------------------------------------------- shared state
 
 struct PgStore::Core {

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <string_view>
 
 #include "pg/pool.hpp"
@@ -100,5 +101,13 @@ class PgStore final : public Store {
 
 // The statements PgStore uses, to be prepared on every pooled connection.
 const std::vector<pg::PreparedStatement>& pg_store_statements();
+
+// The planner settings PgStore's sessions run with (pg_store.cpp says why).
+const std::vector<pg::SessionSetting>& pg_store_session_settings();
+
+// Pool options for a PgStore: pg_store_statements() and pg_store_session_settings() on
+// every connection, acquire_timeout = statement_timeout.
+pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
+                                      Millis connect_timeout, Millis statement_timeout);
 
 }  // namespace idem::store

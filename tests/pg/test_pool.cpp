@@ -136,6 +136,31 @@ TEST_CASE("each session gets its timeouts and application_name") {
   CHECK(r->value(0, 4) == "hex");
 }
 
+TEST_CASE("the options' session settings are made on every new connection, and refused ones fail it") {
+  asio::io_context ctx;
+  auto opts = options(1);
+  opts.settings = {{"enable_seqscan", "off"}, {"work_mem", "2MB"}};
+  auto pool = pg::Pool::create(ctx.get_executor(), opts);
+  auto r = query(ctx, pool, "SELECT current_setting('enable_seqscan'), current_setting('work_mem')");
+  REQUIRE(r);
+  CHECK(r->value(0, 0) == "off");
+  CHECK(r->value(0, 1) == "2MB");
+  // A replaced connection gets them too.
+  const auto first = backend_pid(ctx, pool);
+  test::Db admin(test::database_url());
+  admin.exec("SELECT pg_terminate_backend($1::int)", {first});
+  auto again = query(ctx, pool, "SELECT current_setting('enable_seqscan'), pg_backend_pid()");
+  if (!again) again = query(ctx, pool, "SELECT current_setting('enable_seqscan'), pg_backend_pid()");
+  REQUIRE(again);
+  CHECK(again->value(0, 1) != first);
+  CHECK(again->value(0, 0) == "off");
+  // A setting the server refuses fails the connection's setup, as a bad statement does.
+  auto bad = options(1);
+  bad.settings = {{"enable_seqscan", "sideways"}};
+  auto bad_pool = pg::Pool::create(ctx.get_executor(), bad);
+  CHECK(!query(ctx, bad_pool, "SELECT 1"));
+}
+
 TEST_CASE("prepared statements take text, NULL and binary parameters") {
   asio::io_context ctx;
   auto opts = options(1);

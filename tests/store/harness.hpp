@@ -135,6 +135,7 @@ inline pg::PoolOptions store_pool_options(std::size_t size = 4) {
   o.acquire_timeout = Millis{10000};
   o.application_name = "idem-store-test";
   o.statements = store::pg_store_statements();
+  o.settings = store::pg_store_session_settings();
   return o;
 }
 
