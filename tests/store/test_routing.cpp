@@ -29,16 +29,6 @@ const std::set<std::string> kBackground = {
     "idem_oldest_in_progress",  // the stuck-work gauge, on a metrics scrape
 };
 
-// The batched completion's UPDATE … FROM unnest(…) (and the release's DELETE … USING and
-// the renewal's UPDATE of the same shape) reaches rows only through its join, which is
-// planned by cost: on this test's one row per partition a generic plan scans every
-// partition (each costs nothing) rather than probe the primary keys. Its custom plan is
-// checked like every statement's; its generic plan is checked on partitions of a real
-// size instead, by "batching: the batched writes probe each member's key, whatever the
-// statistics" (test_batching.cpp), which reads at most a few index entries per member.
-// docs/scaling.md: batching off on a distributed table.
-const std::set<std::string> kGenericPlanScansPartitions = {
-    "idem_complete_batch", "idem_release_batch", "idem_renew_batch"};
 
 // The highest $n a statement uses.
 int parameter_count(const std::string& sql) {
@@ -110,6 +100,10 @@ FROM generate_series(0, 63) g)sql");
 
 TEST_CASE("routing: every request-path statement touches its tenant's partition only") {
   test::Db sql(store_database().url());
+  // The statements as the store runs them: with its sessions' planner settings.
+  for (const auto& setting : store::pg_store_session_settings()) {
+    sql.exec("SELECT set_config($1, $2, false)", {setting.name, setting.value});
+  }
   sql.exec("TRUNCATE idempotency_requests CASCADE");
   seed_tenants(sql);
   const bool parts = partitioned(sql);
@@ -134,11 +128,6 @@ TEST_CASE("routing: every request-path statement touches its tenant's partition 
         params[0] = batch ? "{" + tenant + "}" : tenant;
         const auto touched = tables_touched_by(sql, [&] { sql.exec(statement.sql, params); });
         INFO(statement.name << " (" << std::string(mode) << ") for " << tenant);
-        if (kGenericPlanScansPartitions.count(statement.name) &&
-            std::string(mode) == "force_generic_plan") {
-          ++checked;
-          continue;
-        }
         CHECK(touched.size() <= 1);
         if (touched.size() == 1) CHECK(*touched.begin() == home_of(sql, tenant));
         ++checked;
