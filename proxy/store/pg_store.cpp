@@ -225,16 +225,20 @@ constexpr const char* kPurgeSql = R"sql(
 DELETE FROM idempotency_requests
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 
-// Batched, lock-skipping retention that every replica may run at once. The ctids are
-// collected into an array first: "ctid = ANY(ARRAY(...))" runs the sub-select once as an
-// InitPlan and always deletes by TID scan, whereas "ctid IN (SELECT ...)" leaves the join
-// strategy to the planner (a hash join would scan the whole table). The sub-select walks
-// the expires_at index. A ctid names a row only within one table: on a table partitioned
-// by tenant (migrations/optional/partition_by_tenant.sql) the same ctid is a row in each
-// partition, so the pair (tableoid, ctid) picks the locked rows out of the TID scans;
-// without it a batch deletes up to one row per partition for each row it locked. The
-// outer predicate is re-checked because it costs nothing and keeps the DELETE correct on
-// its own.
+// Batched, lock-skipping retention that every replica may run at once. The CTE walks the
+// expires_at index and locks what it takes; the DELETE then joins on (tableoid, ctid) and
+// finds each locked row by a TID scan parameterized by the join (a nested loop: the
+// store's sessions take no hash or merge join, pg_store_session_settings()). A ctid names
+// a row only within one table: on a table partitioned by tenant
+// (migrations/optional/partition_by_tenant.sql) the same ctid is a row in each partition,
+// so the join is on the pair; without tableoid a batch deletes up to one row per partition
+// for each row it locked. Nothing but the join restricts the DELETE's side: the rows are
+// locked (FOR UPDATE), so what the CTE chose still holds, and a condition on the table
+// alone (say, expires_at re-checked) would offer the planner an index scan of every
+// expired row to compare with every locked one instead of the TID probes. (An earlier
+// form, `ctid = ANY(ARRAY(…)) AND (tableoid, ctid) IN (…)`, relied on a hash join for the
+// pair: without one it compared every deleted row with every locked one, 159 ms for a
+// batch of 1 000 instead of 10.)
 constexpr const char* kDeleteExpiredSql = R"sql(
 WITH doomed AS MATERIALIZED (
   SELECT tableoid AS rel, ctid AS tid FROM idempotency_requests
@@ -242,11 +246,9 @@ WITH doomed AS MATERIALIZED (
     AND (state = 'completed' OR lease_expires_at <= now())
   LIMIT $1::bigint
   FOR UPDATE SKIP LOCKED)
-DELETE FROM idempotency_requests
-WHERE ctid = ANY(ARRAY(SELECT tid FROM doomed))
-  AND (tableoid, ctid) IN (SELECT rel, tid FROM doomed)
-  AND expires_at <= now()
-  AND (state = 'completed' OR lease_expires_at <= now()))sql";
+DELETE FROM idempotency_requests AS r
+USING doomed AS d
+WHERE r.ctid = d.tid AND r.tableoid = d.rel)sql";
 
 // Matches the partial index on (created_at) WHERE state = 'in_progress'.
 constexpr const char* kOldestInProgressSql = R"sql(
