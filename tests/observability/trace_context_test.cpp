@@ -4,7 +4,10 @@
 
 #include <boost/json.hpp>
 
+#include <array>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "observability/trace_context.hpp"
@@ -128,6 +131,37 @@ TEST_CASE("continue_trace: no, an invalid or two traceparents start a new trace"
   }
   CHECK_FALSE(continue_trace({}, {}, false).sampled());
   CHECK(to_hex(new_trace_id()) != to_hex(new_trace_id()));
+}
+
+// Ids come from a generator per thread, seeded from the system's randomness: never zero,
+// no repeats within a thread or across threads, and every byte position takes many values
+// (a generator stuck on a constant byte, or two threads seeded alike, would fail this).
+TEST_CASE("new trace and span ids: non-zero, distinct within and across threads") {
+  constexpr int kPerThread = 20000;
+  std::vector<std::vector<std::string>> ids(4);
+  std::vector<std::thread> threads;
+  for (auto& out : ids) {
+    threads.emplace_back([&out] {
+      for (int i = 0; i < kPerThread; ++i) {
+        out.push_back(to_hex(new_trace_id()));
+        out.push_back(to_hex(new_span_id()));
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<std::string> all;
+  std::array<std::set<char>, 32> seen_at{};
+  std::size_t zeros = 0;
+  for (const auto& out : ids) {
+    for (const auto& id : out) {
+      if (id == std::string(id.size(), '0')) ++zeros;
+      all.insert(id);
+      for (std::size_t i = 0; i < id.size(); ++i) seen_at[i].insert(id[i]);
+    }
+  }
+  CHECK(zeros == 0);
+  CHECK(all.size() == 4u * 2 * kPerThread);  // no id repeated
+  for (const auto& digits : seen_at) CHECK(digits.size() == 16);
 }
 
 TEST_CASE("spans_json is an OTLP ExportTraceServiceRequest with hex ids") {
