@@ -158,8 +158,17 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   batching.on_batch = [m = metrics](std::string_view op, std::size_t calls) {
     m->store_batch(op, calls);
   };
-  w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
-                                              batching);
+  // One set of batchers per process, on worker 0's loop: every worker's concurrent calls
+  // share a batch, so batches are as large as the process's concurrency allows (at 32
+  // connections on two workers, twice the calls per statement and commit of one set per
+  // worker; docs/performance.md).
+  if (index == 0) {
+    w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
+                                                batching);
+  } else {
+    w->store = std::make_unique<store::PgStore>(w->pool, store::PgStore::ClaimRead::adaptive,
+                                                *workers.front()->store);
+  }
   // Encryption sits between the replay cache and PostgreSQL: plaintext stays in memory.
   store::Store* durable = w->store.get();
   if (key_ring->load()) {

@@ -274,6 +274,8 @@ std::size_t Pool::idle_connections() const noexcept { return impl_->idle.size();
 
 const PoolOptions& Pool::options() const noexcept { return impl_->options; }
 
+const asio::any_io_executor& Pool::executor() const noexcept { return impl_->executor; }
+
 const std::string& Pool::last_error_message() const noexcept { return impl_->last_error; }
 
 }  // namespace idem::pg

@@ -103,6 +103,8 @@ class Pool : public std::enable_shared_from_this<Pool> {
   std::size_t open_connections() const noexcept;
   std::size_t idle_connections() const noexcept;
   const PoolOptions& options() const noexcept;
+  // The event loop the pool belongs to (every call must come from it).
+  const asio::any_io_executor& executor() const noexcept;
 
   // The server's or libpq's message of the last failed call, for logs only: decisions use
   // the returned error_code (its SQLSTATE), never this text.

@@ -20,7 +20,15 @@
 // callers are alive at the moment it takes them — which is why a runner may read
 // `item`'s referenced data up to its first suspension, and must copy what it needs later.
 //
-// Like the pool, a Batcher belongs to one thread: no locks.
+// A Batcher has a home: the event loop its batches run on (with that loop's pool). Its
+// queue and batches belong to the home thread, like the pool: no locks. Calls may come
+// from other event loops too (one batcher per process, so that the calls of every worker
+// share a batch: larger batches, fewer statements and commits): a `remote` call's slot is
+// queued by a handler posted to the home loop, and its caller is woken by a handler posted
+// back to the caller's own loop. Only the slot crosses threads; `decided` (written last by
+// the home thread, with release order) tells the caller that `out` and `alone` are final.
+// Items must then own what they carry: a remote caller may be gone while its slot runs.
+#include <atomic>
 #include <cstddef>
 #include <deque>
 #include <functional>
@@ -45,12 +53,17 @@ template <class Item, class Out>
 class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
  public:
   struct Slot {
-    Slot(asio::any_io_executor ex, Item i) : item(std::move(i)), wake(std::move(ex)) {}
+    Slot(asio::any_io_executor ex, Item i, bool remote_call)
+        : item(std::move(i)), remote(remote_call), wake(std::move(ex)) {}
     Item item;
     std::optional<Out> out;
     bool alone = false;
-    bool queued = true;
-    asio::steady_timer wake;  // cancelled once decided
+    const bool remote;        // the caller is on another event loop than the batcher's home
+    bool queued = false;      // home thread only
+    bool abandoned = false;   // home thread only: the caller left before it was queued
+    bool woken = false;       // home thread only
+    std::atomic<bool> decided{false};
+    asio::steady_timer wake;  // the caller's: cancelled (on the caller's loop) once decided
   };
   using SlotPtr = std::shared_ptr<Slot>;
   // One batch, in queue order. Must not throw past its first suspension in a way that
@@ -62,47 +75,96 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     std::size_t max_in_flight = 1;
   };
 
-  Batcher(Options options, Runner runner, Out failure)
-      : options_(options), runner_(std::move(runner)), failure_(std::move(failure)) {}
+  Batcher(asio::any_io_executor home, Options options, Runner runner, Out failure)
+      : home_(std::move(home)),
+        options_(options),
+        runner_(std::move(runner)),
+        failure_(std::move(failure)) {}
 
   // The call's answer, or nullopt: run it alone. `cancelled` is what a caller whose wait
   // was cancelled gets (its call may still run, as a call cancelled in flight may).
-  asio::awaitable<std::optional<Out>> submit(Item item, Out cancelled) {
+  // `remote`: the caller runs on another event loop than home.
+  asio::awaitable<std::optional<Out>> submit(Item item, Out cancelled, bool remote = false) {
     auto ex = co_await asio::this_coro::executor;
-    auto slot = std::make_shared<Slot>(ex, std::move(item));
+    auto slot = std::make_shared<Slot>(ex, std::move(item), remote);
     slot->wake.expires_at(asio::steady_timer::time_point::max());
     QueueGuard guard{this->shared_from_this(), slot};
-    queue_.push_back(slot);
-    start(ex);
+    if (remote) {
+      asio::post(home_, [self = this->shared_from_this(), slot] { self->enqueue(slot); });
+    } else {
+      enqueue(slot);
+    }
     error_code ec;
     co_await slot->wake.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+    if (!slot->decided.load(std::memory_order_acquire)) {
+      co_return std::optional<Out>(std::move(cancelled));  // guard unqueues
+    }
     if (slot->alone) co_return std::nullopt;
-    if (!slot->out) co_return std::optional<Out>(std::move(cancelled));  // guard unqueues
     co_return std::move(slot->out);
+  }
+
+  // Decides a slot early (the runner found it must run alone) and wakes its caller.
+  // Home thread.
+  static void run_alone(const SlotPtr& slot) {
+    slot->alone = true;
+    finish(slot);
   }
 
   std::size_t queued() const noexcept { return queue_.size(); }
 
  private:
+  // On the caller's side: a call that ends undecided (its wait was cancelled, or its
+  // loop shut down) takes its slot out of the queue, on the home thread for a remote one.
   struct QueueGuard {
     std::shared_ptr<Batcher> self;
     SlotPtr slot;
     ~QueueGuard() {
-      if (!slot->queued) return;
-      auto& q = self->queue_;
-      for (auto it = q.begin(); it != q.end(); ++it) {
-        if (*it == slot) {
-          q.erase(it);
-          break;
-        }
+      if (slot->decided.load(std::memory_order_acquire)) return;
+      if (slot->remote) {
+        asio::post(self->home_, [self = self, slot = slot] { self->unqueue(slot); });
+      } else {
+        self->unqueue(slot);
       }
     }
   };
 
-  void start(const asio::any_io_executor& ex) {
+  void enqueue(const SlotPtr& slot) {
+    if (slot->abandoned) return;
+    slot->queued = true;
+    queue_.push_back(slot);
+    start();
+  }
+
+  void unqueue(const SlotPtr& slot) {
+    if (!slot->queued) {
+      slot->abandoned = true;  // if its enqueue is still on its way, it finds this
+      return;
+    }
+    slot->queued = false;
+    for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+      if (*it == slot) {
+        queue_.erase(it);
+        break;
+      }
+    }
+  }
+
+  // Publishes the decision and wakes the caller on its own loop.
+  static void finish(const SlotPtr& slot) {
+    if (slot->woken) return;
+    slot->woken = true;
+    slot->decided.store(true, std::memory_order_release);
+    if (slot->remote) {
+      asio::post(slot->wake.get_executor(), [slot] { slot->wake.cancel(); });
+    } else {
+      slot->wake.cancel();
+    }
+  }
+
+  void start() {
     if (in_flight_ >= options_.max_in_flight) return;
     ++in_flight_;
-    asio::co_spawn(ex, drive(this->shared_from_this(), ex), [](std::exception_ptr) {});
+    asio::co_spawn(home_, drive(this->shared_from_this(), home_), [](std::exception_ptr) {});
   }
 
   // Runs batches while calls are queued; the in-flight count covers the whole loop.
@@ -129,11 +191,12 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
       }
       for (auto& s : batch) {
         if (!s->out && !s->alone) s->out = self->failure_;
-        s->wake.cancel();
+        finish(s);
       }
     }
   }
 
+  asio::any_io_executor home_;
   Options options_;
   Runner runner_;
   Out failure_;

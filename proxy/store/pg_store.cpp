@@ -912,6 +912,7 @@ std::vector<std::size_t> all_members(std::size_t n) {
 // winner's commit would have read it.
 asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
                                       std::vector<ClaimBatcher::SlotPtr>& batch) {
+  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
   if (batch.size() == 1 && !core->lone_calls_batched) {
     batch[0]->out = co_await claim_one(core, batch[0]->item.req);
     co_return;
@@ -932,40 +933,34 @@ asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
   answer_claims(*core, plan, *r, batch);
 }
 
+// Larger answers are completed alone, without a batch: a batch's statement stays a few
+// MiB at most, and an answer is copied into the batch only when it is small.
+constexpr std::size_t kMaxBatchedBody = 256u << 10;
+
 struct CompleteItem {
-  // Lent by the caller, whose frame holds them while it waits; read only before the
-  // batch's first suspension (see batcher.hpp).
-  const RecordId* id;
+  // Copies: the batch may run on another event loop than its caller (batcher.hpp), and
+  // outlive a caller whose wait was cancelled. Bodies are at most kMaxBatchedBody.
+  RecordId id;
   std::int64_t fence;
-  const StoredResponse* response;
+  StoredResponse response;
   Millis retention;
 };
 using CompleteBatcher = detail::Batcher<CompleteItem, result<Completed>>;
 
-// A lone completion, on the batch's side: with copies of what the caller lent, since the
-// statement outlasts the batch's first suspension (a caller whose wait is cancelled would
-// take its id and response with it).
+// A lone completion, on the batch's side (the slot, which owns the item, outlives it).
 asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<pg::Pool> pool,
                                                   const CompleteItem& c) {
-  const RecordId id = *c.id;
-  const StoredResponse response = *c.response;
-  co_return co_await complete_one(std::move(pool), id, c.fence, response, c.retention);
+  co_return co_await complete_one(std::move(pool), c.id, c.fence, c.response, c.retention);
 }
 
-// Larger answers are completed alone: a batch's statement stays a few MiB at most.
-constexpr std::size_t kMaxBatchedBody = 256u << 10;
-
-// Which members the UPDATE carries: each key once, bodies up to kMaxBatchedBody. The
-// others (a repeated key, a large body) are sent alone at once.
+// Which members the UPDATE carries: each key once. A repeated key (two callers completing
+// one record) is sent alone at once, so that each member is answered by its own write.
 std::vector<std::size_t> completion_members(std::vector<CompleteBatcher::SlotPtr>& batch) {
   std::unordered_map<std::string, std::size_t> seen;
   std::vector<std::size_t> members;
-  for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return *s.item.id; })) {
-    const CompleteItem& c = batch[i]->item;
-    const bool big = !c.response->body_omitted && c.response->body.size() > kMaxBatchedBody;
-    if (big || !seen.emplace(full_key(*c.id), i).second) {
-      batch[i]->alone = true;
-      batch[i]->wake.cancel();
+  for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return s.item.id; })) {
+    if (!seen.emplace(full_key(batch[i]->item.id), i).second) {
+      CompleteBatcher::run_alone(batch[i]);
       continue;
     }
     members.push_back(i);
@@ -982,20 +977,20 @@ Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
   ArrayParam retentions{ArrayParam::Type::int8}, traces{ArrayParam::Type::text};
   for (std::size_t i : members) {
     const CompleteItem& c = batch[i]->item;
-    keys.add(*c.id);
+    keys.add(c.id);
     fences.add_int64(c.fence);
-    statuses.add_int32(c.response->status);
-    headers.add_text(detail::encode_headers_json(c.response->headers));
+    statuses.add_int32(c.response.status);
+    headers.add_text(detail::encode_headers_json(c.response.headers));
     // An omitted body is stored as NULL: "no body kept" rather than "an empty body".
-    if (c.response->body_omitted) {
+    if (c.response.body_omitted) {
       bodies.add_null();
     } else {
-      bodies.add_text(c.response->body);
+      bodies.add_text(c.response.body);
     }
-    omitted.add_bool(c.response->body_omitted);
-    resources.add_text(c.response->resource_id);
+    omitted.add_bool(c.response.body_omitted);
+    resources.add_text(c.response.resource_id);
     retentions.add_int64(c.retention.count());
-    traces.add_text(c.response->trace_id);
+    traces.add_text(c.response.trace_id);
   }
   Encoded update;
   for (const auto* a : {&keys.tenants, &keys.endpoints, &keys.keys, &fences, &statuses, &headers,
@@ -1011,6 +1006,7 @@ Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
 // single completion does.
 asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
                                          std::vector<CompleteBatcher::SlotPtr>& batch) {
+  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
   if (batch.size() == 1 && !core->lone_calls_batched) {
     batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
     co_return;
@@ -1022,9 +1018,9 @@ asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
     co_return;
   }
   Encoded update = encode_completions(batch, members);
-  std::vector<std::string> member_keys;  // owned: the members' ids are not read after this
+  std::vector<std::string> member_keys;
   member_keys.reserve(members.size());
-  for (std::size_t i : members) member_keys.push_back(full_key(*batch[i]->item.id));
+  for (std::size_t i : members) member_keys.push_back(full_key(batch[i]->item.id));
   ++core->stats.completion_batches;
   core->stats.completions_batched += members.size();
   if (core->on_batch) core->on_batch("complete", members.size());
@@ -1078,12 +1074,12 @@ asio::awaitable<result<bool>> fenced_one(std::shared_ptr<pg::Pool> pool, FencedW
 // member is answered by its own write.
 asio::awaitable<void> run_fenced_batch(std::shared_ptr<PgStore::Core> core, FencedWrite kind,
                                        std::vector<FencedBatcher::SlotPtr>& batch) {
+  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
   std::unordered_map<std::string, std::size_t> seen;
   std::vector<std::size_t> members;
   for (std::size_t i : key_order(batch, [](const auto& s) -> const RecordId& { return s.item.id; })) {
     if (!seen.emplace(full_key(batch[i]->item.id), i).second) {
-      batch[i]->alone = true;
-      batch[i]->wake.cancel();
+      FencedBatcher::run_alone(batch[i]);
       continue;
     }
     members.push_back(i);
@@ -1143,30 +1139,50 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
   core_->lone_calls_batched = batching.lone_calls_batched;
   core_->on_batch = std::move(batching.on_batch);
   if (!batching.enabled || (batching.max_size < 2 && !batching.lone_calls_batched)) return;
+  batchers_ = make_batchers(core_, batching.max_size);
+}
+
+PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, const PgStore& home)
+    : core_(std::make_shared<Core>()), batchers_(home.batchers_), remote_(true) {
+  core_->pool = std::move(pool);
+  core_->claim_read = claim_read;
+  core_->lone_calls_batched = home.core_->lone_calls_batched;
+}
+
+// The batches run on the home store's loop with its pool. They hold its Core weakly: the
+// batchers may outlive the home store (a remote store keeps them), and the home pool must
+// not outlive its event loop; a batch that finds the home gone fails its calls (the
+// batcher answers `failure` to every undecided slot).
+std::shared_ptr<PgStore::Batchers> PgStore::make_batchers(const std::shared_ptr<Core>& core,
+                                                          std::size_t max_size) {
+  const auto home = core->pool->executor();
+  const std::weak_ptr<Core> weak = core;
   // A batch that threw (it never should) fails its members as a store that broke the
   // protocol.
   const auto broken = make_error_code(errc::store_protocol);
-  const ClaimBatcher::Options options{batching.max_size, 1};
-  batchers_ = std::make_shared<Batchers>();
-  batchers_->claims = std::make_shared<ClaimBatcher>(
-      options,
-      [core = core_](std::vector<ClaimBatcher::SlotPtr>& b) { return run_claim_batch(core, b); },
+  auto b = std::make_shared<Batchers>();
+  b->claims = std::make_shared<ClaimBatcher>(
+      home, ClaimBatcher::Options{max_size, 1},
+      [weak](std::vector<ClaimBatcher::SlotPtr>& batch) {
+        return run_claim_batch(weak.lock(), batch);
+      },
       result<ClaimResult>(broken));
-  batchers_->completions = std::make_shared<CompleteBatcher>(
-      CompleteBatcher::Options{batching.max_size, 1},
-      [core = core_](std::vector<CompleteBatcher::SlotPtr>& b) {
-        return run_complete_batch(core, b);
+  b->completions = std::make_shared<CompleteBatcher>(
+      home, CompleteBatcher::Options{max_size, 1},
+      [weak](std::vector<CompleteBatcher::SlotPtr>& batch) {
+        return run_complete_batch(weak.lock(), batch);
       },
       result<Completed>(broken));
   for (auto kind : {FencedWrite::release, FencedWrite::renew}) {
     auto batcher = std::make_shared<FencedBatcher>(
-        FencedBatcher::Options{batching.max_size, 1},
-        [core = core_, kind](std::vector<FencedBatcher::SlotPtr>& b) {
-          return run_fenced_batch(core, kind, b);
+        home, FencedBatcher::Options{max_size, 1},
+        [weak, kind](std::vector<FencedBatcher::SlotPtr>& batch) {
+          return run_fenced_batch(weak.lock(), kind, batch);
         },
         result<bool>(boost::system::in_place_error, broken));
-    (kind == FencedWrite::release ? batchers_->releases : batchers_->renewals) = std::move(batcher);
+    (kind == FencedWrite::release ? b->releases : b->renewals) = std::move(batcher);
   }
+  return b;
 }
 
 PgStore::BatchStats PgStore::batch_stats() const noexcept { return core_->stats; }
@@ -1182,7 +1198,7 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
     // temporaries twice.
     ClaimItem item{req};
     auto cancelled = failed<ClaimResult>(make_error_code(pg::errc::cancelled));
-    auto out = co_await claims->submit(std::move(item), std::move(cancelled));
+    auto out = co_await claims->submit(std::move(item), std::move(cancelled), remote_);
     if (out) co_return std::move(*out);
   }
   co_return co_await claim_one(std::move(core), req);
@@ -1225,13 +1241,14 @@ asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::in
                                                       const StoredResponse& response,
                                                       Millis retention) {
   auto pool = core_->pool;
-  const bool batchable = batchers_ && !has_nul(id.tenant) && !has_nul(id.endpoint) &&
+  const bool small = response.body_omitted || response.body.size() <= kMaxBatchedBody;
+  const bool batchable = batchers_ && small && !has_nul(id.tenant) && !has_nul(id.endpoint) &&
                          !has_nul(id.key) && !has_nul(response.resource_id);
   if (batchable) {
     auto completions = batchers_->completions;
-    CompleteItem item{&id, fence, &response, retention};
+    CompleteItem item{id, fence, response, retention};
     auto cancelled = failed<Completed>(make_error_code(pg::errc::cancelled));
-    auto out = co_await completions->submit(std::move(item), std::move(cancelled));
+    auto out = co_await completions->submit(std::move(item), std::move(cancelled), remote_);
     if (out) {
       // The batch wrote nothing for this member: ask, as the single completion does.
       if (*out && (*out)->outcome == Completion::fenced) {
@@ -1246,12 +1263,12 @@ asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::in
 // A release or renewal: through its batcher when batching is on (a caller whose wait was
 // cancelled gets what a call cancelled in flight gets), else its single statement.
 asio::awaitable<result<bool>> fenced_write(std::shared_ptr<PgStore::Core> core,
-                                           std::shared_ptr<FencedBatcher> batcher,
+                                           std::shared_ptr<FencedBatcher> batcher, bool remote,
                                            FencedWrite kind, FencedItem item) {
   if (batcher && !has_nul(item.id.tenant) && !has_nul(item.id.endpoint) && !has_nul(item.id.key)) {
     FencedItem queued = item;
     auto cancelled = failed<bool>(make_error_code(pg::errc::cancelled));
-    auto out = co_await batcher->submit(std::move(queued), std::move(cancelled));
+    auto out = co_await batcher->submit(std::move(queued), std::move(cancelled), remote);
     if (out) co_return std::move(*out);
   }
   co_return co_await fenced_one(core->pool, kind, item);
@@ -1263,7 +1280,7 @@ asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t 
   std::shared_ptr<FencedBatcher> batcher;
   if (batchers_) batcher = batchers_->releases;
   FencedItem item{id, fence, Millis{0}};
-  co_return co_await fenced_write(core_, std::move(batcher), FencedWrite::release,
+  co_return co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::release,
                                   std::move(item));
 }
 
@@ -1272,7 +1289,7 @@ asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fe
   std::shared_ptr<FencedBatcher> batcher;
   if (batchers_) batcher = batchers_->renewals;
   FencedItem item{id, fence, lease};
-  co_return co_await fenced_write(core_, std::move(batcher), FencedWrite::renew,
+  co_return co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::renew,
                                   std::move(item));
 }
 

@@ -5,7 +5,8 @@
 // Errors are idem::errc (see pg::to_store_errc for the SQLSTATE mapping); the pool's
 // last_error_message() has the server's text for logs.
 //
-// Like the pool, a PgStore belongs to one io_context thread. It must outlive the start of
+// Like the pool, a PgStore belongs to one io_context thread (its batches may be another
+// store's, on another thread: the second constructor). It must outlive the start of
 // each call; a call in flight keeps the pool alive by itself. Request arguments (ids,
 // bodies) are referenced, not copied: keep them alive until the call completes.
 #include <cstdint>
@@ -20,7 +21,8 @@
 namespace idem::store {
 
 // Group commit (database.batching): the claims, the completions, the releases and the
-// lease renewals of concurrent requests on this store's event loop go out together, one
+// lease renewals of concurrent requests on this store's event loop (and on the loops of
+// the stores sharing its batchers) go out together, one
 // statement and one commit per batch of each kind (natural batching: the next batch
 // forms while one is in flight; a lone call goes out at once). Each call still gets exactly what its own statement would have
 // answered, and each claim is committed before claim() returns. A batch the server
@@ -51,6 +53,11 @@ class PgStore final : public Store {
   // The pool must have been created with pg_store_statements() prepared on each connection.
   explicit PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read = ClaimRead::adaptive,
                    Batching batching = {});
+  // A store on another event loop whose batched calls join `home`'s batches (one batcher
+  // per process: every worker's calls share the statements and commits). The batches run
+  // on home's loop with home's pool; this store's own pool serves everything else and the
+  // calls a batch sends back to run alone. With batching off at home, nothing is batched.
+  PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, const PgStore& home);
 
   asio::awaitable<result<ClaimResult>> claim(const ClaimRequest& req) override;
   asio::awaitable<result<std::optional<Record>>> read(const RecordId& id) override;
@@ -95,8 +102,12 @@ class PgStore final : public Store {
   struct Batchers;
 
  private:
+  static std::shared_ptr<Batchers> make_batchers(const std::shared_ptr<Core>& core,
+                                                 std::size_t max_size);
+
   std::shared_ptr<Core> core_;
   std::shared_ptr<Batchers> batchers_;  // null when batching is off
+  bool remote_ = false;                 // batchers_ are another loop's (the home store's)
 };
 
 // The statements PgStore uses, to be prepared on every pooled connection.

@@ -10,7 +10,10 @@
 #include <set>
 #include <thread>
 
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/use_future.hpp>
 
 #include "store/harness.hpp"
@@ -557,4 +560,190 @@ TEST_CASE("batching: the batched writes probe each member's key, whatever the st
   // entries in the in-progress index, as between two vacuums.
   add_rows("later-", 3000, true);
   check_all("analyzed before 3 000 more completions");
+}
+
+namespace {
+
+// The home loop of a shared set of batchers, on a thread of its own, held at a barrier
+// while the test queues work on both loops: released, it finds every call already posted,
+// so they all leave in one batch.
+class HeldHome {
+ public:
+  explicit HeldHome(asio::io_context& ctx) : ctx_(ctx), guard_(asio::make_work_guard(ctx)) {
+    ctx_.restart();
+    thread_ = std::thread([this] { ctx_.run(); });
+    std::promise<void> entered;
+    auto held = entered.get_future();
+    asio::post(ctx_, [&entered, release = release_.get_future()]() mutable {
+      entered.set_value();
+      release.wait();
+    });
+    held.wait();
+  }
+  void release() { release_.set_value(); }
+  ~HeldHome() {
+    guard_.reset();
+    thread_.join();
+  }
+
+ private:
+  asio::io_context& ctx_;
+  asio::executor_work_guard<asio::io_context::executor_type> guard_;
+  std::promise<void> release_;
+  std::thread thread_;
+};
+
+store::PgBatching every_call_batched() {
+  store::PgBatching b;
+  b.lone_calls_batched = true;  // so that batch_stats() counts every call
+  return b;
+}
+
+}  // namespace
+
+TEST_CASE("batching: the calls of two event loops share one batch (one set of batchers per process)") {
+  test::PgHarness h;
+  store::PgStore home(h.pool(), store::PgStore::ClaimRead::always, every_call_batched());
+  asio::io_context there_ctx;
+  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
+  store::PgStore remote(there_pool, store::PgStore::ClaimRead::always, home);
+
+  // Keys 0-7 claimed on both loops (home's queued first: home wins them), 8-15 only here,
+  // 16-23 only there.
+  std::vector<ClaimRequest> here_reqs, there_reqs;
+  auto key = [](int i) { return "loop-key-" + std::to_string(i); };
+  for (int i = 0; i < 16; ++i) here_reqs.push_back(claim_req("tenant-a", "POST /orders", key(i), "fp-here"));
+  for (int i : {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23}) {
+    there_reqs.push_back(claim_req("tenant-a", "POST /orders", key(i), "fp-there"));
+  }
+  std::vector<std::future<result<ClaimResult>>> here_out, there_out;
+  {
+    HeldHome held(h.ctx());
+    for (const auto& r : here_reqs) {
+      here_out.push_back(asio::co_spawn(h.ctx(), home.claim(r), asio::use_future));
+    }
+    for (const auto& r : there_reqs) {
+      there_out.push_back(asio::co_spawn(there_ctx, remote.claim(r), asio::use_future));
+    }
+    there_ctx.poll();  // every remote call has posted its slot to the (held) home loop
+    held.release();
+    there_ctx.restart();
+    there_ctx.run();  // until the home loop has woken every remote caller
+    for (auto& f : here_out) f.wait();
+  }
+
+  // One statement and one commit for the calls of both loops; none on the remote side.
+  CHECK(home.batch_stats().claim_batches == 1);
+  CHECK(home.batch_stats().claims_batched == 32);
+  CHECK(remote.batch_stats().claim_batches == 0);
+
+  std::map<std::string, std::vector<std::string>> winners;  // key -> fingerprints that won
+  for (std::size_t i = 0; i < here_out.size(); ++i) {
+    auto r = here_out[i].get();
+    REQUIRE(r.has_value());
+    CHECK(r->won);
+    winners[here_reqs[i].id.key].push_back("fp-here");
+  }
+  for (std::size_t i = 0; i < there_out.size(); ++i) {
+    CAPTURE(i);
+    auto r = there_out[i].get();
+    REQUIRE(r.has_value());
+    if (i < 8) {
+      // Lost to home's claim of the same key, with home's row read along.
+      CHECK_FALSE(r->won);
+      REQUIRE(r->row.has_value());
+      CHECK(r->row->fingerprint == "fp-here");
+    } else {
+      CHECK(r->won);
+      winners[there_reqs[i].id.key].push_back("fp-there");
+    }
+  }
+  CHECK(winners.size() == 24);
+  for (const auto& [k, fps] : winners) CHECK_MESSAGE(fps.size() == 1, k);
+  CHECK(h.row_count() == 24);
+  CHECK(count_rows(h.sql(), "request_fingerprint = 'fp-there'", {}) == 8);
+  CHECK(count_rows(h.sql(), "request_fingerprint = 'fp-here'", {}) == 16);
+}
+
+TEST_CASE("batching: a remote caller cancelled while queued leaves the batch; the others are answered") {
+  test::PgHarness h;
+  store::PgStore home(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
+  asio::io_context there_ctx;
+  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
+  store::PgStore remote(there_pool, store::PgStore::ClaimRead::never, home);
+
+  const auto kept = claim_req("tenant-a", "POST /orders", "kept", "fp");
+  const auto gone = claim_req("tenant-a", "POST /orders", "gone", "fp");
+  asio::cancellation_signal cancel;
+  std::future<result<ClaimResult>> kept_out, gone_out;
+  {
+    HeldHome held(h.ctx());
+    kept_out = asio::co_spawn(there_ctx, remote.claim(kept), asio::use_future);
+    gone_out = asio::co_spawn(there_ctx, remote.claim(gone),
+                              asio::bind_cancellation_slot(cancel.slot(), asio::use_future));
+    there_ctx.poll();  // both slots posted to the held home loop
+    cancel.emit(asio::cancellation_type::terminal);
+    there_ctx.poll();  // the cancelled caller returns and posts its slot's removal
+    REQUIRE(gone_out.wait_for(0s) == std::future_status::ready);
+    held.release();
+    there_ctx.restart();
+    there_ctx.run();
+  }
+  auto g = gone_out.get();
+  REQUIRE_FALSE(g.has_value());
+  // What a call cancelled in flight gets (pg::to_store_errc folds `cancelled` into it).
+  CHECK(g.error() == make_error_code(errc::store_timeout));
+  auto k = kept_out.get();
+  REQUIRE(k.has_value());
+  CHECK(k->won);
+  // The batch carried only the call still waiting: no row for the cancelled one.
+  CHECK(home.batch_stats().claims_batched == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'gone'", {}) == 0);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'kept'", {}) == 1);
+}
+
+TEST_CASE("batching: completions and releases from another loop are answered by their own write") {
+  test::PgHarness h;
+  store::PgStore home(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
+  asio::io_context there_ctx;
+  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
+  store::PgStore remote(there_pool, store::PgStore::ClaimRead::never, home);
+
+  // Three records claimed at home; completed and released from the remote loop while the
+  // home loop runs on its own thread.
+  std::vector<ClaimRequest> reqs;
+  std::vector<std::int64_t> fences;
+  for (const char* k : {"c1", "c2", "r1"}) {
+    reqs.push_back(claim_req("tenant-a", "POST /orders", k, "fp"));
+    auto won = h.run(home.claim(reqs.back()));
+    REQUIRE(won.has_value());
+    REQUIRE(won->won);
+    fences.push_back(won->owner.fence);
+  }
+  const auto one = response(201, "1"), two = response(201, "2"), other = response(201, "x");
+  std::future<result<Completed>> c1, c2, stale;
+  std::future<result<bool>> r1;
+  {
+    HeldHome held(h.ctx());
+    c1 = asio::co_spawn(there_ctx, remote.complete(reqs[0].id, fences[0], one, 1h),
+                        asio::use_future);
+    c2 = asio::co_spawn(there_ctx, remote.complete(reqs[1].id, fences[1], two, 1h),
+                        asio::use_future);
+    stale = asio::co_spawn(there_ctx, remote.complete(reqs[1].id, fences[1] + 1000, other, 1h),
+                           asio::use_future);
+    r1 = asio::co_spawn(there_ctx, remote.release(reqs[2].id, fences[2]), asio::use_future);
+    there_ctx.poll();
+    held.release();
+    there_ctx.restart();
+    there_ctx.run();
+  }
+  CHECK(c1.get().value().outcome == Completion::recorded);
+  CHECK(c2.get().value().outcome == Completion::recorded);
+  CHECK(stale.get().value().outcome != Completion::recorded);  // not its fence
+  CHECK(r1.get().value());
+  CHECK(home.batch_stats().completions_batched >= 2);
+  CHECK(home.batch_stats().releases_batched == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'c1' AND state = 'completed' AND response_body = '1'", {}) == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'c2' AND state = 'completed' AND response_body = '2'", {}) == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'r1'", {}) == 0);
 }
