@@ -14,6 +14,9 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
 
 #include "common/text.hpp"
 #include "settings/detail.hpp"
@@ -981,40 +984,103 @@ void check_expansion(const YAML::Node& root, const std::string& file) {
 // Watches the parser's events for the first two documents without building them: how many
 // there are, where each starts (a second document that starts where the first did means the
 // parser made no progress), and the line of the second one's first node (for the error).
+// For the first document it also counts the nodes it expands to (an alias counts as the
+// nodes of its anchor, each time it is used) and sees an alias used inside its own
+// anchor, from the events alone: a cycle or a "billion laughs" is refused at once, where
+// walking the built document to find out cost a second of CPU per such file.
 class DocumentProbe : public YAML::EventHandler {
  public:
   int documents() const noexcept { return documents_; }
   bool progressed() const noexcept { return documents_ < 2 || starts_[1] != starts_[0]; }
   int second_line() const noexcept { return second_line_; }
+  // The first document's expanded size, capped just above kMaxExpandedNodes.
+  std::size_t expanded_nodes() const noexcept { return total_; }
+  // Whether an alias is used inside its own anchor, and the line of the first such use.
+  bool cycle() const noexcept { return cycle_; }
+  int cycle_line() const noexcept { return cycle_line_; }
 
   void OnDocumentStart(const YAML::Mark& mark) override {
     if (documents_ < 2) starts_[documents_] = mark.pos;
     ++documents_;
   }
   void OnDocumentEnd() override {}
-  void OnNull(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
-  void OnAlias(const YAML::Mark& mark, YAML::anchor_t) override { node(mark); }
-  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t, const std::string&) override {
-    node(mark);
+  void OnNull(const YAML::Mark& mark, YAML::anchor_t anchor) override { leaf(mark, anchor); }
+  void OnScalar(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                const std::string&) override {
+    leaf(mark, anchor);
   }
-  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t,
+  void OnAlias(const YAML::Mark& mark, YAML::anchor_t anchor) override {
+    node(mark);
+    if (documents_ != 1) return;
+    if (!cycle_ && open_anchors_.count(anchor) != 0) {
+      cycle_ = true;
+      cycle_line_ = mark.is_null() ? 0 : mark.line + 1;
+    }
+    const auto it = sizes_.find(anchor);
+    add(it == sizes_.end() ? 1 : it->second);
+  }
+  void OnSequenceStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
                        YAML::EmitterStyle::value) override {
-    node(mark);
+    open(mark, anchor);
   }
-  void OnSequenceEnd() override {}
-  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t, YAML::EmitterStyle::value) override {
-    node(mark);
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& mark, const std::string&, YAML::anchor_t anchor,
+                  YAML::EmitterStyle::value) override {
+    open(mark, anchor);
   }
-  void OnMapEnd() override {}
+  void OnMapEnd() override { close(); }
 
  private:
+  struct Frame {
+    YAML::anchor_t anchor;
+    std::size_t nodes;  // the collection itself and everything in it, expanded
+  };
+
   void node(const YAML::Mark& mark) {
     if (documents_ == 2 && second_line_ == 0) second_line_ = mark.is_null() ? 0 : mark.line + 1;
+  }
+  void leaf(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    node(mark);
+    if (documents_ != 1) return;
+    if (anchor != YAML::NullAnchor) sizes_[anchor] = 1;
+    add(1);
+  }
+  void open(const YAML::Mark& mark, YAML::anchor_t anchor) {
+    node(mark);
+    if (documents_ != 1) return;
+    open_.push_back({anchor, 1});
+    if (anchor != YAML::NullAnchor) open_anchors_.insert(anchor);
+  }
+  void close() {
+    if (documents_ != 1 || open_.empty()) return;
+    const Frame f = open_.back();
+    open_.pop_back();
+    if (f.anchor != YAML::NullAnchor) {
+      sizes_[f.anchor] = f.nodes;
+      open_anchors_.erase(f.anchor);
+    }
+    add(f.nodes);
+  }
+  // Adds n expanded nodes to the innermost open collection, or to the document. Counts
+  // saturate just above the bound: an exponential expansion never overflows.
+  void add(std::size_t n) {
+    auto sat = [](std::size_t a, std::size_t b) { return std::min(a + b, kMaxExpandedNodes + 1); };
+    if (open_.empty()) {
+      total_ = sat(total_, n);
+    } else {
+      open_.back().nodes = sat(open_.back().nodes, n);
+    }
   }
 
   int documents_ = 0;
   int starts_[2] = {0, 0};
   int second_line_ = 0;
+  std::vector<Frame> open_;
+  std::unordered_map<YAML::anchor_t, std::size_t> sizes_;  // closed anchors, expanded
+  std::unordered_set<YAML::anchor_t> open_anchors_;
+  std::size_t total_ = 0;
+  bool cycle_ = false;
+  int cycle_line_ = 0;
 };
 
 }  // namespace
@@ -1046,7 +1112,20 @@ std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::st
     }
     throw ConfigError(name, probe.second_line(), "", "expected one YAML document, found several");
   }
+  if (probe.cycle()) {
+    throw ConfigError(name, probe.cycle_line(), "",
+                      "an alias is used inside its own anchor (like `&a [1, *a]`): the document "
+                      "would expand without end");
+  }
+  if (probe.expanded_nodes() > kMaxExpandedNodes) {
+    throw ConfigError(name, 0, "",
+                      "the document expands to more than " + std::to_string(kMaxExpandedNodes) +
+                          " YAML nodes (counting an alias each time it is used): aliases of "
+                          "aliases nested too deeply");
+  }
   const Loader loader(name, env);
+  // The probe's count bounds every walk below; this walk of the built document checks
+  // the same bound again, so that no walk depends on the two readings agreeing.
   check_expansion(root, name);
   auto s = std::make_shared<Settings>(parse_root(loader, Item{root, "", line_of(root, 0)}));
   s->source_file = name;

@@ -423,7 +423,17 @@ TEST_CASE("aliases: a cycle or an exponential expansion is refused, not followed
   const std::string route = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n"
                                        "    fingerprint:\n      defaults:\n";
   const auto cycle = failure(route + "        /a: &a [1, *a]\n");
-  CHECK(cycle.what.find("expands to more than 100000 YAML nodes") != std::string::npos);
+  CHECK(cycle.what.find("an alias is used inside its own anchor") != std::string::npos);
+  CHECK(cycle.line == 11);
+  // Deeper inside, and in a mapping's key: still a cycle.
+  CHECK(failure(route + "        /a: &a\n          b: [1, {c: *a}]\n").what.find("inside its own anchor") !=
+        std::string::npos);
+  CHECK(failure(route + "        /a: &a {*a : 1}\n").what.find("inside its own anchor") !=
+        std::string::npos);
+  // An anchor defined again is another node: an alias after it means the latest one.
+  const auto redefined =
+      load(route + "        /a: &a [1]\n        /b: &a [2, 3]\n        /c: *a\n");
+  CHECK(redefined->routes.at(0).fingerprint.defaults.at("/c") == "[2,3]");
 
   std::string laughs = route + "        /a: &a0 [1,1,1,1,1,1,1,1,1,1]\n";
   for (int i = 1; i <= 8; ++i) {  // 10^9 nodes once expanded
