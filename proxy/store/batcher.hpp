@@ -53,8 +53,9 @@ template <class Item, class Out>
 class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
  public:
   struct Slot {
-    Slot(asio::any_io_executor ex, Item i, bool remote_call)
-        : item(std::move(i)), remote(remote_call), wake(std::move(ex)) {}
+    Slot(Batcher* b, asio::any_io_executor ex, Item i, bool remote_call)
+        : owner(b), item(std::move(i)), remote(remote_call), wake(std::move(ex)) {}
+    Batcher* const owner;  // alive while the slot is queued or in a batch (they hold it)
     Item item;
     std::optional<Out> out;
     bool alone = false;
@@ -73,6 +74,10 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   struct Options {
     std::size_t max_size = 32;
     std::size_t max_in_flight = 1;
+    // A remote call that finds the batcher idle (nothing queued, nothing in flight) is
+    // sent back to run alone on its own loop at once: a lone call goes out alone anyway,
+    // and the round trip through the home loop would only add two thread wake-ups to it.
+    bool remote_alone_when_idle = true;
   };
 
   Batcher(asio::any_io_executor home, Options options, Runner runner, Out failure)
@@ -85,8 +90,14 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   // was cancelled gets (its call may still run, as a call cancelled in flight may).
   // `remote`: the caller runs on another event loop than home.
   asio::awaitable<std::optional<Out>> submit(Item item, Out cancelled, bool remote = false) {
+    // Read on any thread: a hint (two remote calls may both see 0 and go alone, which
+    // only costs them the batch), never a decision about a call's answer.
+    if (remote && options_.remote_alone_when_idle && pending_.load(std::memory_order_relaxed) == 0) {
+      co_return std::nullopt;
+    }
+    pending_.fetch_add(1, std::memory_order_relaxed);
     auto ex = co_await asio::this_coro::executor;
-    auto slot = std::make_shared<Slot>(ex, std::move(item), remote);
+    auto slot = std::make_shared<Slot>(this, ex, std::move(item), remote);
     slot->wake.expires_at(asio::steady_timer::time_point::max());
     QueueGuard guard{this->shared_from_this(), slot};
     if (remote) {
@@ -129,7 +140,10 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   };
 
   void enqueue(const SlotPtr& slot) {
-    if (slot->abandoned) return;
+    if (slot->abandoned) {
+      pending_.fetch_sub(1, std::memory_order_relaxed);
+      return;
+    }
     slot->queued = true;
     queue_.push_back(slot);
     start();
@@ -141,6 +155,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
       return;
     }
     slot->queued = false;
+    pending_.fetch_sub(1, std::memory_order_relaxed);
     for (auto it = queue_.begin(); it != queue_.end(); ++it) {
       if (*it == slot) {
         queue_.erase(it);
@@ -153,6 +168,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   static void finish(const SlotPtr& slot) {
     if (slot->woken) return;
     slot->woken = true;
+    slot->owner->pending_.fetch_sub(1, std::memory_order_relaxed);
     slot->decided.store(true, std::memory_order_release);
     if (slot->remote) {
       asio::post(slot->wake.get_executor(), [slot] { slot->wake.cancel(); });
@@ -202,6 +218,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   Out failure_;
   std::deque<SlotPtr> queue_;
   std::size_t in_flight_ = 0;
+  // Slots submitted and not yet decided or withdrawn, from every loop (the idle hint).
+  std::atomic<std::size_t> pending_{0};
 };
 
 }  // namespace idem::store::detail

@@ -1162,20 +1162,20 @@ std::shared_ptr<PgStore::Batchers> PgStore::make_batchers(const std::shared_ptr<
   const auto broken = make_error_code(errc::store_protocol);
   auto b = std::make_shared<Batchers>();
   b->claims = std::make_shared<ClaimBatcher>(
-      home, ClaimBatcher::Options{max_size, 1},
+      home, ClaimBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak](std::vector<ClaimBatcher::SlotPtr>& batch) {
         return run_claim_batch(weak.lock(), batch);
       },
       result<ClaimResult>(broken));
   b->completions = std::make_shared<CompleteBatcher>(
-      home, CompleteBatcher::Options{max_size, 1},
+      home, CompleteBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak](std::vector<CompleteBatcher::SlotPtr>& batch) {
         return run_complete_batch(weak.lock(), batch);
       },
       result<Completed>(broken));
   for (auto kind : {FencedWrite::release, FencedWrite::renew}) {
     auto batcher = std::make_shared<FencedBatcher>(
-        home, FencedBatcher::Options{max_size, 1},
+        home, FencedBatcher::Options{max_size, 1, !core->lone_calls_batched},
         [weak, kind](std::vector<FencedBatcher::SlotPtr>& batch) {
           return run_fenced_batch(weak.lock(), kind, batch);
         },

@@ -747,3 +747,31 @@ TEST_CASE("batching: completions and releases from another loop are answered by 
   CHECK(count_rows(h.sql(), "idempotency_key = 'c2' AND state = 'completed' AND response_body = '2'", {}) == 1);
   CHECK(count_rows(h.sql(), "idempotency_key = 'r1'", {}) == 0);
 }
+
+TEST_CASE("batching: a remote call that finds the batcher idle runs alone on its own loop") {
+  test::PgHarness h;
+  store::PgStore home(h.pool());  // the product's batching: a lone call keeps its statement
+  asio::io_context there_ctx;
+  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
+  store::PgStore remote(there_pool, store::PgStore::ClaimRead::adaptive, home);
+
+  // The home loop never runs here: a call that went through it would never be answered.
+  // (run_for only bounds the wait of a broken build; a working one returns as soon as the
+  // call is done.)
+  auto on_there = [&](auto call) {
+    auto f = asio::co_spawn(there_ctx, std::move(call), asio::use_future);
+    there_ctx.restart();
+    there_ctx.run_for(30s);
+    REQUIRE(f.wait_for(0s) == std::future_status::ready);
+    return f.get();
+  };
+  const auto req = claim_req("tenant-a", "POST /orders", "idle", "fp");
+  auto won = on_there(remote.claim(req));
+  REQUIRE(won.has_value());
+  CHECK(won->won);
+  const auto answer = response(201, "9");
+  auto done = on_there(remote.complete(req.id, won->owner.fence, answer, 1h));
+  CHECK(done.value().outcome == Completion::recorded);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'idle' AND state = 'completed'", {}) == 1);
+  CHECK(home.batch_stats().claim_batches == 0);
+}
