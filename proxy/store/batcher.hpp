@@ -74,9 +74,11 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   struct Options {
     std::size_t max_size = 32;
     std::size_t max_in_flight = 1;
-    // A remote call that finds the batcher idle (nothing queued, nothing in flight) is
-    // sent back to run alone on its own loop at once: a lone call goes out alone anyway,
-    // and the round trip through the home loop would only add two thread wake-ups to it.
+    // A remote call that finds the batcher idle (nothing queued, nothing in flight, and
+    // its last batch a lone call: no load) is sent back to run alone on its own loop at
+    // once: a lone call goes out alone anyway, and the round trip through the home loop
+    // would only add two thread wake-ups to it. Under load, the moment between two
+    // batches when nothing is pending is no reason to go alone.
     bool remote_alone_when_idle = true;
   };
 
@@ -92,7 +94,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   asio::awaitable<std::optional<Out>> submit(Item item, Out cancelled, bool remote = false) {
     // Read on any thread: a hint (two remote calls may both see 0 and go alone, which
     // only costs them the batch), never a decision about a call's answer.
-    if (remote && options_.remote_alone_when_idle && pending_.load(std::memory_order_relaxed) == 0) {
+    if (remote && options_.remote_alone_when_idle && pending_.load(std::memory_order_relaxed) == 0 &&
+        last_size_.load(std::memory_order_relaxed) <= 1) {
       co_return std::nullopt;
     }
     pending_.fetch_add(1, std::memory_order_relaxed);
@@ -200,6 +203,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
         batch.back()->queued = false;
       }
       if (batch.empty()) co_return;
+      self->last_size_.store(batch.size(), std::memory_order_relaxed);
       try {
         co_await self->runner_(batch);
       } catch (...) {
@@ -220,6 +224,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   std::size_t in_flight_ = 0;
   // Slots submitted and not yet decided or withdrawn, from every loop (the idle hint).
   std::atomic<std::size_t> pending_{0};
+  std::atomic<std::size_t> last_size_{0};  // calls in the last batch taken (the load hint)
 };
 
 }  // namespace idem::store::detail
