@@ -599,14 +599,25 @@ store::PgBatching every_call_batched() {
   return b;
 }
 
+// A home store on the harness's loop and a store on a second loop sharing its batchers
+// (as worker 0 and worker 1 of one process).
+struct TwoLoops {
+  TwoLoops(store::PgStore::ClaimRead read, store::PgBatching batching)
+      : home(h.pool(), read, std::move(batching)),
+        there_pool(pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2))),
+        remote(there_pool, read, home) {}
+  test::PgHarness h;
+  store::PgStore home;
+  asio::io_context there_ctx;
+  std::shared_ptr<pg::Pool> there_pool;
+  store::PgStore remote;
+};
+
 }  // namespace
 
 TEST_CASE("batching: the calls of two event loops share one batch (one set of batchers per process)") {
-  test::PgHarness h;
-  store::PgStore home(h.pool(), store::PgStore::ClaimRead::always, every_call_batched());
-  asio::io_context there_ctx;
-  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
-  store::PgStore remote(there_pool, store::PgStore::ClaimRead::always, home);
+  TwoLoops loops(store::PgStore::ClaimRead::always, every_call_batched());
+  auto& [h, home, there_ctx, there_pool, remote] = loops;
 
   // Keys 0-7 claimed on both loops (home's queued first: home wins them), 8-15 only here,
   // 16-23 only there.
@@ -666,11 +677,8 @@ TEST_CASE("batching: the calls of two event loops share one batch (one set of ba
 }
 
 TEST_CASE("batching: a remote caller cancelled while queued leaves the batch; the others are answered") {
-  test::PgHarness h;
-  store::PgStore home(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
-  asio::io_context there_ctx;
-  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
-  store::PgStore remote(there_pool, store::PgStore::ClaimRead::never, home);
+  TwoLoops loops(store::PgStore::ClaimRead::never, every_call_batched());
+  auto& [h, home, there_ctx, there_pool, remote] = loops;
 
   const auto kept = claim_req("tenant-a", "POST /orders", "kept", "fp");
   const auto gone = claim_req("tenant-a", "POST /orders", "gone", "fp");
@@ -703,11 +711,8 @@ TEST_CASE("batching: a remote caller cancelled while queued leaves the batch; th
 }
 
 TEST_CASE("batching: completions and releases from another loop are answered by their own write") {
-  test::PgHarness h;
-  store::PgStore home(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
-  asio::io_context there_ctx;
-  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
-  store::PgStore remote(there_pool, store::PgStore::ClaimRead::never, home);
+  TwoLoops loops(store::PgStore::ClaimRead::never, every_call_batched());
+  auto& [h, home, there_ctx, there_pool, remote] = loops;
 
   // Three records claimed at home; completed and released from the remote loop while the
   // home loop runs on its own thread.
@@ -749,11 +754,9 @@ TEST_CASE("batching: completions and releases from another loop are answered by 
 }
 
 TEST_CASE("batching: a remote call that finds the batcher idle runs alone on its own loop") {
-  test::PgHarness h;
-  store::PgStore home(h.pool());  // the product's batching: a lone call keeps its statement
-  asio::io_context there_ctx;
-  auto there_pool = pg::Pool::create(there_ctx.get_executor(), test::store_pool_options(2));
-  store::PgStore remote(there_pool, store::PgStore::ClaimRead::adaptive, home);
+  // The product's batching: a lone call keeps its statement.
+  TwoLoops loops(store::PgStore::ClaimRead::adaptive, store::PgBatching{});
+  auto& [h, home, there_ctx, there_pool, remote] = loops;
 
   // The home loop never runs here: a call that went through it would never be answered.
   // (run_for only bounds the wait of a broken build; a working one returns as soon as the
