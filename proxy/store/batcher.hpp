@@ -16,9 +16,9 @@
 // Lifetimes: the Batcher lives in a shared_ptr; a running batch holds it. A slot is
 // shared by its caller and the batch, so neither outlives the other's writes. A caller
 // whose coroutine ends while its slot is still queued (cancelled, or its io_context shut
-// down) takes the slot out of the queue first, so a runner only ever sees slots whose
-// callers are alive at the moment it takes them — which is why a runner may read
-// `item`'s referenced data up to its first suspension, and must copy what it needs later.
+// down) takes the slot out of the queue (on the home thread, for a remote caller: until
+// then the slot may still be taken into a batch). Items therefore own their data: a
+// runner never reads a caller's memory.
 //
 // A Batcher has a home: the event loop its batches run on (with that loop's pool). Its
 // queue and batches belong to the home thread, like the pool: no locks. Calls may come
