@@ -778,3 +778,38 @@ TEST_CASE("batching: a remote call that finds the batcher idle runs alone on its
   CHECK(count_rows(h.sql(), "idempotency_key = 'idle' AND state = 'completed'", {}) == 1);
   CHECK(home.batch_stats().claim_batches == 0);
 }
+
+TEST_CASE("batching: an answer over 256 KiB is completed by its own statement, byte for byte") {
+  test::PgHarness h;
+  store::PgStore s(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
+  std::vector<ClaimRequest> reqs;
+  std::vector<std::int64_t> fences;
+  for (const char* k : {"small", "large"}) {
+    reqs.push_back(claim_req("tenant-a", "POST /orders", k, "fp"));
+    auto won = h.run(s.claim(reqs.back()));
+    REQUIRE(won.has_value());
+    REQUIRE(won->won);
+    fences.push_back(won->owner.fence);
+  }
+  const auto small = response(201, "1");
+  auto large = response(201, std::string((256u << 10) + 1, 'x'));
+  large.body[1000] = '\0';  // bytes, not text
+  std::vector<asio::awaitable<result<Completed>>> calls;
+  calls.push_back(s.complete(reqs[0].id, fences[0], small, 1h));
+  calls.push_back(s.complete(reqs[1].id, fences[1], large, 1h));
+  auto out = all_at_once(h.ctx(), std::move(calls));
+  CHECK(out[0].value().outcome == Completion::recorded);
+  CHECK(out[1].value().outcome == Completion::recorded);
+  // Only the small one went through the batch statement.
+  CHECK(s.batch_stats().completions_batched == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'large' AND state = 'completed' AND response_body = $1::bytea",
+                   {"\\x" + [&] {
+                      std::string hex;
+                      for (unsigned char c : large.body) {
+                        static const char* d = "0123456789abcdef";
+                        hex += d[c >> 4];
+                        hex += d[c & 15];
+                      }
+                      return hex;
+                    }()}) == 1);
+}
