@@ -379,9 +379,11 @@ constexpr Millis kOneMs{1};
 
 void parse_upstream_tls(const Loader& L, const Item& it, UpstreamTls& t) {
   Map m(L, it, {"ca_file", "server_name", "verify"});
-  if (auto v = m.get("ca_file")) t.ca_file = L.word(*v);
+  // "" is each key's documented default (the system's trust store; the url's host), and
+  // what check-config prints for it: accepted, so that the printed file loads back.
+  if (auto v = m.get("ca_file")) t.ca_file = L.word(*v, true);
   if (auto v = m.get("server_name")) {
-    t.server_name = L.word(*v);
+    t.server_name = L.word(*v, true);
     if (t.server_name.find_first_of(" /:@[]") != std::string::npos) {
       L.fail(*v, "'" + t.server_name + "' is not a host name or an IP address");
     }

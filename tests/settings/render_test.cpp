@@ -288,6 +288,18 @@ TEST_CASE("render_effective round-trips the defaults and the contract example") 
   const auto minimal = load(kMinimal + "routes:\n  - {name: r, method: POST, path: /orders}\n");
   check_same(*minimal, *load(render_effective(*minimal)));
 
+  // An https upstream with every TLS default: check-config prints ca_file and server_name
+  // as "" (found by fuzz/config: the printed file did not load).
+  const auto https = load("upstream:\n  url: https://h:8443/base\ndatabase:\n  url: postgresql://app@db/orders\n");
+  const auto https_text = render_effective(*https);
+  INFO(https_text);
+  CHECK(https_text.find("    ca_file: \"\"\n") != std::string::npos);
+  const auto https_again = load(https_text);
+  check_same(*https, *https_again);
+  CHECK(https_again->upstream.tls.ca_file.empty());
+  CHECK(https_again->upstream.tls.server_name.empty());
+  CHECK(render_effective(*https_again) == https_text);
+
   const Env env{{"DATABASE_URL", "postgresql://idem@db/orders"}};
   const std::string example =
       "upstream: {url: \"http://127.0.0.1:3000\"}\n"
