@@ -164,6 +164,25 @@ const char* name(Unmatched u) { return u == Unmatched::reject ? "reject" : "pass
 const char* yes_no(bool b) { return b ? "true" : "false"; }
 
 // libpq conninfo: key = value pairs, values bare or single-quoted with backslash escapes.
+// A conninfo value may itself hold a connection URI (libpq reads a `dbname` that looks
+// like one as a whole connection string), so any `scheme://user:password@` inside a value
+// has its password masked. Found by fuzz/config (a URI with a password, from
+// ${DATABASE_URL}, written into a conninfo `user` value, showed in check-config).
+std::string mask_embedded_userinfo(std::string_view v) {
+  std::string out(v);
+  for (std::size_t from = 0; (from = out.find("://", from)) != std::string::npos;) {
+    const std::size_t authority = from + 3;
+    const std::size_t end = std::min(out.find_first_of("/?#", authority), out.size());
+    const std::size_t at = out.rfind('@', end == 0 ? 0 : end - 1);
+    if (at != std::string::npos && at >= authority) {
+      const std::size_t colon = out.find(':', authority);
+      if (colon != std::string::npos && colon < at) out.replace(colon + 1, at - colon - 1, kMask);
+    }
+    from = authority;
+  }
+  return out;
+}
+
 std::string mask_conninfo(std::string_view s) {
   std::string out;
   std::size_t i = 0;
@@ -198,7 +217,7 @@ std::string mask_conninfo(std::string_view s) {
     if (key == "password" || key == "sslpassword") {
       out += kMask;
     } else {
-      out += s.substr(value_start, i - value_start);
+      out += mask_embedded_userinfo(s.substr(value_start, i - value_start));
     }
     if (i < s.size() && !space(s[i])) {
       // Text glued to a closing quote: libpq refuses it, and it may be the rest of a

@@ -206,6 +206,13 @@ TEST_CASE("mask_database_url") {
   CHECK(mask_database_url("host=db sslpassword='k' password=") == "host=db sslpassword=**** password=****");
   CHECK(mask_database_url("host=db garbage s3cret") == "host=db garbage ****");
   CHECK(mask_database_url("") == "");
+  // A connection URI inside a conninfo value (libpq expands such a dbname): its password
+  // is masked too (fuzz/config).
+  CHECK(mask_database_url("host=db dbname=postgresql://u:s3cret@h/db") ==
+        "host=db dbname=postgresql://u:****@h/db");
+  CHECK(mask_database_url("host=db user=i[::1]:postgresql://idem:pw@db:5432/orders-x} dbname=o") ==
+        "host=db user=i[::1]:postgresql://idem:****@db:5432/orders-x} dbname=o");
+  CHECK(mask_database_url("host=db dbname=postgresql://u@h/db") == "host=db dbname=postgresql://u@h/db");
 }
 
 TEST_CASE("render_effective masks secrets") {
