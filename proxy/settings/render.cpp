@@ -277,7 +277,11 @@ std::string mask_uri(std::string_view s) {
 }  // namespace
 
 std::string mask_database_url(std::string_view url) {
-  if (url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0) return mask_uri(url);
+  // A second URI after the first (libpq refuses such a string, but check-config prints it
+  // before anything connects) has its password masked too.
+  if (url.rfind("postgresql://", 0) == 0 || url.rfind("postgres://", 0) == 0) {
+    return mask_embedded_userinfo(mask_uri(url));
+  }
   return mask_conninfo(url);
 }
 

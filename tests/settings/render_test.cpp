@@ -213,6 +213,8 @@ TEST_CASE("mask_database_url") {
   CHECK(mask_database_url("host=db user=i[::1]:postgresql://idem:pw@db:5432/orders-x} dbname=o") ==
         "host=db user=i[::1]:postgresql://idem:****@db:5432/orders-x} dbname=o");
   CHECK(mask_database_url("host=db dbname=postgresql://u@h/db") == "host=db dbname=postgresql://u@h/db");
+  CHECK(mask_database_url("postgresql://u:a@h/db\x1a postgresql://u:b@h/db") ==
+        "postgresql://u:****@h/db\x1a postgresql://u:****@h/db");
 }
 
 TEST_CASE("render_effective masks secrets") {
