@@ -101,6 +101,18 @@ TlsMaterial load_tls(const settings::Settings& s) {
   return m;
 }
 
+upstream::PoolOptions upstream_pool_options(
+    const settings::Settings& s, std::function<std::shared_ptr<const upstream::ClientTls>()> tls) {
+  upstream::PoolOptions o;
+  o.host = s.upstream.host;
+  o.port = s.upstream.port;
+  o.connect_timeout = s.upstream.connect_timeout;
+  o.response_timeout = s.upstream.response_timeout;
+  o.max_response_body = s.upstream.max_response_body;
+  if (s.upstream.https) o.tls = std::move(tls);
+  return o;
+}
+
 std::shared_ptr<const store::KeyRing> load_key_ring(const settings::Settings& s) {
   if (s.encryption.keys.empty()) return nullptr;
   std::map<std::string, store::EncryptionKey> keys;

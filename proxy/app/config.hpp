@@ -1,5 +1,6 @@
 #pragma once
 // Loading the configuration for a command, and what a reload may change.
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -8,6 +9,7 @@
 #include "server/tls.hpp"
 #include "settings/settings.hpp"
 #include "store/record_cipher.hpp"
+#include "upstream/client.hpp"
 #include "upstream/tls.hpp"
 
 namespace idem::app {
@@ -24,6 +26,12 @@ struct TlsMaterial {
 };
 // Throws settings::ConfigError naming tls or upstream.tls when a file cannot be used.
 TlsMaterial load_tls(const settings::Settings& s);
+
+// The upstream pool's options from `upstream` (host, port, timeouts, body limit). For an
+// https upstream, `tls` answers each new connection's TLS settings; it is ignored for
+// plain HTTP. One place, so that the sidecar and verify-backend reach the backend alike.
+upstream::PoolOptions upstream_pool_options(
+    const settings::Settings& s, std::function<std::shared_ptr<const upstream::ClientTls>()> tls);
 
 // The encryption keys a configuration names, read from their files now; null without
 // `encryption`. Throws settings::ConfigError naming encryption.keys[i].file (never a

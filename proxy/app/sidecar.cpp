@@ -14,6 +14,7 @@
 
 #include "admin/admin.hpp"
 #include "app/change_feed.hpp"
+#include "app/config.hpp"
 #include "app/retention.hpp"
 #include "gateway/caching_store.hpp"
 #include "gateway/gateway.hpp"
@@ -177,14 +178,8 @@ std::unique_ptr<Worker> Sidecar::Parts::build_worker(int index, int count) {
   }
   w->cached = std::make_unique<gateway::CachingStore>(*durable, *replay_cache);
 
-  upstream::PoolOptions uo;
-  uo.host = cfg.upstream.host;
-  uo.port = cfg.upstream.port;
-  uo.connect_timeout = cfg.upstream.connect_timeout;
-  uo.response_timeout = cfg.upstream.response_timeout;
-  uo.max_response_body = cfg.upstream.max_response_body;
-  if (cfg.upstream.https) uo.tls = [t = tls] { return t->upstream.load(); };
-  w->upstream = std::make_unique<upstream::Pool>(w->ioc.get_executor(), std::move(uo));
+  w->upstream = std::make_unique<upstream::Pool>(
+      w->ioc.get_executor(), upstream_pool_options(cfg, [t = tls] { return t->upstream.load(); }));
 
   gateway::Dependencies deps;
   deps.executor = w->ioc.get_executor();

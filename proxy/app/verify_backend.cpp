@@ -65,17 +65,10 @@ class Verifier {
         store::pg_store_pool_options(cfg.database.url, 2, cfg.database.connect_timeout,
                                      cfg.database.statement_timeout));
     store_ = std::make_unique<store::PgStore>(pool_);
-    upstream::PoolOptions uo;
-    uo.host = cfg.upstream.host;
-    uo.port = cfg.upstream.port;
-    uo.connect_timeout = cfg.upstream.connect_timeout;
-    uo.response_timeout = cfg.upstream.response_timeout;
-    uo.max_response_body = cfg.upstream.max_response_body;
-    if (cfg.upstream.https) {
-      // The backend is checked over the same TLS as the sidecar would use (upstream.tls).
-      uo.tls = [tls = load_tls(cfg).upstream] { return tls; };
-    }
-    upstream_ = std::make_unique<upstream::Pool>(ioc.get_executor(), std::move(uo));
+    // The backend is checked over the same TLS as the sidecar would use (upstream.tls);
+    // load_tls builds no client context for a plain-HTTP upstream.
+    upstream_ = std::make_unique<upstream::Pool>(
+        ioc.get_executor(), upstream_pool_options(cfg, [tls = load_tls(cfg).upstream] { return tls; }));
   }
 
   asio::awaitable<std::vector<Check>> run() {
