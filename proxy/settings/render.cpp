@@ -56,6 +56,13 @@ std::string yaml_quote(std::string_view s, bool expandable = true) {
   return out + "\"";
 }
 
+// YAML allows an implicit key ("key": value) of at most 1024 characters (YAML 1.2 §7.4.2;
+// yaml-cpp refuses a longer one, counting the quotes). A longer key is written as an
+// explicit one (? "key" : value), which any length may use (finding 14 of the config
+// fuzzer: a rendered default with a 1288-byte member name did not load). 1000 bytes keeps
+// a margin, and bytes are never fewer than characters.
+constexpr std::size_t kImplicitKeyMax = 1000;
+
 // A fingerprint default is stored as compact JSON; JSON is YAML flow syntax once a space
 // follows ':' and ','. String escapes of JSON are all valid YAML double-quoted escapes.
 std::string json_to_yaml_flow(std::string_view json) {
@@ -66,21 +73,23 @@ std::string json_to_yaml_flow(std::string_view json) {
     const char c = json[i];
     if (c == '"') {
       const bool is_key = !stack.empty() && stack.back() == '{' && expect_key;
-      out += c;
+      std::string quoted(1, c);
       for (++i; i < json.size(); ++i) {
         const char d = json[i];
         if (d == '\\' && i + 1 < json.size()) {
-          out += d;
-          out += json[++i];
+          quoted += d;
+          quoted += json[++i];
         } else if (d == '"') {
-          out += d;
+          quoted += d;
           break;
         } else if (d == '$' && !is_key) {
-          out += "$$";
+          quoted += "$$";
         } else {
-          out += d;
+          quoted += d;
         }
       }
+      if (is_key && quoted.size() > kImplicitKeyMax) out += "? ";
+      out += quoted;
       continue;
     }
     out += c;
@@ -293,7 +302,15 @@ struct YamlOut {
 
   void line(int indent, std::string_view key, const std::string& value) {
     text.append(static_cast<std::size_t>(indent), ' ');
-    text += key;
+    if (key.size() > kImplicitKeyMax) {
+      // An explicit block key: "? key", then ": value" on the next line at the same indent.
+      text += "? ";
+      text += key;
+      text += '\n';
+      text.append(static_cast<std::size_t>(indent), ' ');
+    } else {
+      text += key;
+    }
     text += ": ";
     text += value;
     text += '\n';

@@ -325,3 +325,29 @@ TEST_CASE("render_effective round-trips the defaults and the contract example") 
   const auto reloaded = load(render_effective(*s));  // no ${...} left in the output
   check_same(*s, *reloaded);
 }
+
+TEST_CASE("render_effective writes keys longer than YAML's implicit-key limit as explicit keys") {
+  // YAML limits an implicit key to 1024 characters; the config fuzzer found a default whose
+  // JSON member name was 1288 bytes, and the printed configuration did not load. (The file
+  // itself has to use explicit keys for them too.)
+  const std::string name(1300, 'n');
+  const std::string pointer = "/" + std::string(1100, 'p');
+  const auto s = load(kMinimal +
+                      "routes:\n  - name: r\n    method: POST\n    path: /orders\n    fingerprint:\n"
+                      "      defaults:\n"
+                      "        ? \"" + pointer + "\"\n"
+                      "        : {? \"" + name + "\": [1, {\"short\": 2}], \"b\": 3}\n"
+                      "        /c: {? \"" + name + "\": 4}\n");
+  REQUIRE(s->routes.size() == 1);
+  const auto& defaults = s->routes[0].fingerprint.defaults;
+  REQUIRE(defaults.count(pointer) == 1);
+  CHECK(defaults.at(pointer).find("\"" + name + "\":[1,{\"short\":2}]") != std::string::npos);
+  const auto text = render_effective(*s);
+  INFO(text.substr(0, 2000));
+  CHECK(text.find("? \"" + name + "\": ") != std::string::npos);  // flow: explicit key
+  CHECK(text.find("        ? \"" + pointer + "\"\n        : {") != std::string::npos);  // block
+  CHECK(text.find("\"short\": 2") != std::string::npos);  // short keys stay implicit
+  const auto again = load(text);
+  check_same(*s, *again);
+  CHECK(render_effective(*again) == text);
+}
