@@ -370,7 +370,9 @@ class Checker {
       visit(changed, compiled_segments(text), 0, [](ref::Value* parent, const std::string& seg, ref::Value* existing) {
         if (existing != nullptr) {
           *existing = marker();
-        } else if (parent != nullptr && parent->kind == ref::Value::Kind::object) {
+        } else if (parent != nullptr && parent->kind == ref::Value::Kind::object && ref::valid_utf8(seg)) {
+          // A member name that is not UTF-8 cannot be written in a JSON body (the
+          // respeller once looped on one).
           parent->members.push_back(ref::Member{seg, marker()});
         }
       });
@@ -387,7 +389,8 @@ class Checker {
       ref::Value explicit_body = *body_;
       visit(explicit_body, compiled_segments(text), 0,
             [&](ref::Value* parent, const std::string& seg, ref::Value* existing) {
-              if (existing == nullptr && parent != nullptr && parent->kind == ref::Value::Kind::object) {
+              if (existing == nullptr && parent != nullptr && parent->kind == ref::Value::Kind::object &&
+                  ref::valid_utf8(seg)) {  // as in ignored()
                 parent->members.push_back(ref::Member{seg, *value});
               }
             });

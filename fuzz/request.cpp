@@ -149,9 +149,18 @@ struct Outcome {
     return whole == "body, no answer: partial message" && pieces.starts_with("body refused:") &&
            pieces.ends_with("(metadata budget)");
   }
+  // A second one from the same cap (found in the fifth session's runs): a chunk line whose
+  // size is over the body limit and whose extension runs past the cap is answered 413 when
+  // it all came at once (Beast reads the whole line, then checks the size), and refused for
+  // the budget in pieces (the cap fills before the line ends). Both refuse the body and
+  // close; nothing is forwarded.
+  static bool cap_vs_limit(const std::string& whole, const std::string& pieces) {
+    return whole == "body 413" && pieces == "body refused: 400 (metadata budget)";
+  }
   bool operator==(const Outcome& o) const {
     return requests == o.requests &&
-           (ending_kind() == o.ending_kind() || cap_vs_eof(ended, o.ended) || cap_vs_eof(o.ended, ended));
+           (ending_kind() == o.ending_kind() || cap_vs_eof(ended, o.ended) || cap_vs_eof(o.ended, ended) ||
+            cap_vs_limit(ended, o.ended));
   }
 };
 

@@ -2,6 +2,8 @@
 // proxy/idempotency/README.md; shares no code with proxy/idempotency on purpose.
 #include "support/reference_json.hpp"
 
+#include "support/check.hpp"
+
 #include <algorithm>
 #include <limits>
 
@@ -363,6 +365,10 @@ void respell_string(std::string& out, std::string_view s, std::mt19937_64& rng) 
   for (std::size_t i = 0; i < s.size();) {
     std::uint32_t cp = 0;
     const std::size_t n = utf8_at(s, i, &cp);
+    // Only a parsed value or a UTF-8 name is respelled: anything else is a harness error,
+    // reported rather than looped on (a default named by a non-UTF-8 pointer once looped
+    // here, writing \u0000 forever).
+    IDEM_CHECK(n != 0, "respell: the string is not UTF-8 at byte " + std::to_string(i));
     const bool must_escape = cp < 0x20 || cp == '"' || cp == '\\';
     if (!must_escape && pick(rng, 0, 3) != 0) {
       out.append(s.substr(i, n));
