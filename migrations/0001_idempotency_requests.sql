@@ -1,6 +1,18 @@
 -- The idempotency record: one row per (tenant, endpoint, key). A committed in_progress row
 -- with a lease and a fencing token is the claim; completion stores the replayed answer.
-CREATE TABLE idempotency_requests (
+--
+-- How a migration is written (docs/operations.md, "Writing a migration"): the header says
+-- which binaries may serve the database once it is applied, the SETs before the first step
+-- bound every wait (the migrator runs them again before each step, and retries a step
+-- whose lock was not granted in time), and each step is one of the migrator's kinds.
+-- idemproxy:compatible-from 1
+-- idemproxy:supersedes 9c27510d48d2fae2bc3a257953957ef1c2e1fb8dc48b72880654d7ad3370e078
+SET lock_timeout = '100ms';
+SET statement_timeout = '10min';
+
+-- idemproxy:step transaction
+BEGIN;
+CREATE TABLE IF NOT EXISTS idempotency_requests (
   tenant_id           text        NOT NULL,
   endpoint            text        NOT NULL,
   idempotency_key     text        NOT NULL,
@@ -10,6 +22,8 @@ CREATE TABLE idempotency_requests (
   state               text        NOT NULL CHECK (state IN ('in_progress', 'completed')),
   attempt_token       bigint      NOT NULL CHECK (attempt_token > 0),
   lease_expires_at    timestamptz,
+  -- An HTTP status (100-599), never a counter: 32 bits are plenty.
+  -- squawk-ignore prefer-bigint-over-int
   response_status     integer,
   response_headers    jsonb,
   response_body       bytea,
@@ -25,11 +39,11 @@ CREATE TABLE idempotency_requests (
 );
 
 -- Retention cleanup walks rows by expiry.
-CREATE INDEX idempotency_requests_expires_at_idx
+CREATE INDEX IF NOT EXISTS idempotency_requests_expires_at_idx
   ON idempotency_requests (expires_at);
 
 -- Stuck work: the oldest in_progress rows (metrics, operators).
-CREATE INDEX idempotency_requests_in_progress_idx
+CREATE INDEX IF NOT EXISTS idempotency_requests_in_progress_idx
   ON idempotency_requests (created_at)
   WHERE state = 'in_progress';
 
@@ -41,3 +55,4 @@ ALTER TABLE idempotency_requests SET (
   autovacuum_analyze_scale_factor = 0.02,
   autovacuum_vacuum_cost_limit = 2000
 );
+COMMIT;

@@ -6,10 +6,17 @@
 -- past their expiry stay silent: no replica serves them from memory anyway, which keeps
 -- retention cleanup free of notifications.
 
+-- idemproxy:compatible-from 1
+-- idemproxy:supersedes ee83fa9a87674ea17688c62d59a5886b9425dca7989eb563c9e3099e0018d13d
+SET lock_timeout = '100ms';
+SET statement_timeout = '10min';
+
+-- idemproxy:step transaction
+BEGIN;
 -- The operation id exactly as the sidecar computes it (idempotency/fingerprint.cpp):
 -- SHA-256 over length-prefixed items, so a notification names the record without carrying
 -- its raw key.
-CREATE FUNCTION idemproxy_operation_id(tenant text, endpoint text, key text)
+CREATE OR REPLACE FUNCTION idemproxy_operation_id(tenant text, endpoint text, key text)
 RETURNS text
 LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE
 AS $$
@@ -21,7 +28,7 @@ AS $$
            current_setting('server_encoding'))), 'hex')
 $$;
 
-CREATE FUNCTION idemproxy_announce_record_change() RETURNS trigger
+CREATE OR REPLACE FUNCTION idemproxy_announce_record_change() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -31,14 +38,16 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER idempotency_requests_announce_change
+-- A trigger takes SHARE ROW EXCLUSIVE on the table for a moment (writes wait, reads do
+-- not): bounded by lock_timeout above, retried by the migrator.
+CREATE OR REPLACE TRIGGER idempotency_requests_announce_change
   AFTER UPDATE OR DELETE ON idempotency_requests
   FOR EACH ROW
   WHEN (OLD.state = 'completed' AND OLD.expires_at > now())
   EXECUTE FUNCTION idemproxy_announce_record_change();
 
 -- TRUNCATE fires no row triggers: it announces '*', everything.
-CREATE FUNCTION idemproxy_announce_truncate() RETURNS trigger
+CREATE OR REPLACE FUNCTION idemproxy_announce_truncate() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 BEGIN
@@ -47,7 +56,8 @@ BEGIN
 END
 $$;
 
-CREATE TRIGGER idempotency_requests_announce_truncate
+CREATE OR REPLACE TRIGGER idempotency_requests_announce_truncate
   AFTER TRUNCATE ON idempotency_requests
   FOR EACH STATEMENT
   EXECUTE FUNCTION idemproxy_announce_truncate();
+COMMIT;

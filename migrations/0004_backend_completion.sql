@@ -13,11 +13,17 @@
 -- the record — a newer attempt took it over, or it was released, replaced or purged — and
 -- IP002 for a malformed reference. Raising aborts the backend's transaction: its order and
 -- outbox event roll back with it.
+-- idemproxy:compatible-from 3
+-- idemproxy:supersedes 8010eb47e98151856d4db888efbefb12139328a95a760c64820dff8b9945049a
+SET lock_timeout = '100ms';
+SET statement_timeout = '10min';
 
+-- idemproxy:step transaction
+BEGIN;
 -- The digest of an answer, as the sidecar computes it over the response it received
 -- (store/answer_digest.cpp): the backend sends it back in X-Idempotency-Recorded, so the
 -- sidecar confirms that the record holds this very answer without reading it back.
-CREATE FUNCTION idemproxy_answer_digest(p_status integer, p_resource_id text, p_body bytea)
+CREATE OR REPLACE FUNCTION idemproxy_answer_digest(p_status integer, p_resource_id text, p_body bytea)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -28,7 +34,7 @@ AS $$
 $$;
 
 -- The record and claim a reference names, as (endpoint, key, fence, retention).
-CREATE FUNCTION idemproxy_parse_record(p_record text,
+CREATE OR REPLACE FUNCTION idemproxy_parse_record(p_record text,
                                        OUT endpoint text, OUT idempotency_key text,
                                        OUT fencing_token bigint, OUT retention_ms bigint)
 LANGUAGE plpgsql IMMUTABLE
@@ -53,7 +59,7 @@ $$;
 -- For backends that want the fencing check before their own writes: succeeds only while
 -- this claim owns the record, and then locks the row until the transaction ends, so no
 -- takeover can slip in between this check and the commit.
-CREATE FUNCTION idemproxy_assert_owner(p_tenant text, p_record text)
+CREATE OR REPLACE FUNCTION idemproxy_assert_owner(p_tenant text, p_record text)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
@@ -79,7 +85,7 @@ $$;
 -- the fencing token and the in-progress state, retention counted from the completion.
 -- Headers are the stored form: a jsonb array of [name, value] pairs
 -- (store/header_codec.hpp), replayed as given.
-CREATE FUNCTION idemproxy_complete(p_tenant text, p_record text, p_status integer,
+CREATE OR REPLACE FUNCTION idemproxy_complete(p_tenant text, p_record text, p_status integer,
                                    p_headers jsonb, p_body bytea, p_resource_id text)
 RETURNS text
 LANGUAGE plpgsql
@@ -116,3 +122,4 @@ BEGIN
   RETURN idemproxy_answer_digest(p_status, NULLIF(p_resource_id, ''), coalesce(p_body, '\x'::bytea));
 END
 $$;
+COMMIT;

@@ -9,7 +9,16 @@
 -- exactly as for an unknown id. Because the id is derived from the record's own key, an
 -- entry can never point to the wrong record; it goes with its record (ON DELETE CASCADE:
 -- release, purge, retention cleanup), and a later claim of the same key registers it again.
-CREATE TABLE idempotency_operations (
+-- idemproxy:compatible-from 4
+-- idemproxy:supersedes 6a98c638b200aafd05df203b204625fc7d1b4b40b0f545259fa0d7ffa0fedd42
+SET lock_timeout = '100ms';
+SET statement_timeout = '10min';
+
+-- idemproxy:step transaction
+BEGIN;
+-- The foreign key takes SHARE ROW EXCLUSIVE on idempotency_requests for a moment (the new
+-- table is empty: nothing to check), bounded by lock_timeout.
+CREATE TABLE IF NOT EXISTS idempotency_operations (
   tenant_id        text NOT NULL,
   operation_id     text NOT NULL,
   endpoint         text NOT NULL,
@@ -21,5 +30,6 @@ CREATE TABLE idempotency_operations (
 
 -- The cascade looks entries up by their record: without this index every delete of a
 -- record (cleanup deletes many) would scan the table.
-CREATE INDEX idempotency_operations_record
+CREATE INDEX IF NOT EXISTS idempotency_operations_record
   ON idempotency_operations (tenant_id, endpoint, idempotency_key);
+COMMIT;

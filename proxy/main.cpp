@@ -24,7 +24,9 @@ using app::kExitUsage;
 constexpr const char* kUsage =
     "usage:\n"
     "  idemproxy [serve] --config FILE      run the sidecar (default command)\n"
-    "  idemproxy migrate --config FILE      apply pending migrations, then exit\n"
+    "  idemproxy migrate --config FILE [--plan] [--lock-wait D]\n"
+    "                                       apply pending migrations online, then exit;\n"
+    "                                       --plan prints each step's locks, changes nothing\n"
     "  idemproxy check-config --config FILE validate; print the effective config (secrets masked)\n"
     "  idemproxy verify-backend --config FILE --route NAME [--body FILE] [--release-body FILE]\n"
     "                 [--tenant T] [--target PATH] [--header 'Name: value']...\n"
@@ -35,6 +37,7 @@ struct Command {
   std::string name = "serve";
   std::string config;
   app::VerifyOptions verify;  // verify-backend's own options
+  app::MigrateArgs migrate;   // migrate's own options
 };
 
 std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
@@ -63,6 +66,21 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     }
     if (arg.rfind("--config=", 0) == 0) {
       cmd.config = arg.substr(9);
+      continue;
+    }
+    if (cmd.name == "migrate" && arg == "--plan") {
+      cmd.migrate.plan = true;
+      continue;
+    }
+    if (cmd.name == "migrate" && arg == "--lock-wait") {
+      const auto d = i + 1 < argc ? settings::parse_duration(argv[i + 1]) : std::nullopt;
+      if (!d || d->count() <= 0) {
+        std::cerr << "idemproxy: --lock-wait needs a duration such as 30s or 10m\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      cmd.migrate.lock_wait = *d;
+      ++i;
       continue;
     }
     if (cmd.name == "verify-backend" && app::is_verify_option(arg)) {
@@ -109,7 +127,11 @@ int main(int argc, char** argv) {
   const auto cmd = parse_args(argc, argv, exit_code);
   if (!cmd) return exit_code;
   try {
-    if (cmd->name == "migrate") return app::migrate(cmd->config);
+    if (cmd->name == "migrate") {
+      auto args = cmd->migrate;
+      args.release = IDEMPROXY_VERSION;
+      return app::migrate(cmd->config, args);
+    }
     if (cmd->name == "check-config") return app::check_config(cmd->config);
     if (cmd->name == "verify-backend") return app::verify_backend(cmd->verify);
     return app::serve(cmd->config, IDEMPROXY_VERSION);

@@ -282,8 +282,12 @@ asio::awaitable<server::Response> Handler::readyz(const server::Request& request
     r.ready = true;
     r.reason = "ready";
   }
-  if (r.ready) {
+  if (r.ready && r.detail.empty()) {
     co_return json_response(request, http::status::ok, json::object{{"status", "ready"}});
+  }
+  if (r.ready) {
+    co_return json_response(request, http::status::ok,
+                            json::object{{"status", "ready"}, {"reason", r.reason}, {"detail", r.detail}});
   }
   co_return json_response(
       request, http::status::service_unavailable,

@@ -42,8 +42,9 @@ namespace idem::admin {
 
 struct Readiness {
   bool ready = false;
-  // Stable, machine-readable: ready | draining | store_unavailable | store_timeout |
-  // store_busy | store_error | schema_behind | schema_mismatch
+  // Stable, machine-readable: ready | schema_newer_compatible (both ready) | draining |
+  // store_unavailable | store_timeout | store_busy | store_error | schema_behind |
+  // schema_incompatible | schema_mismatch
   std::string reason;
   std::string detail;  // for people; never holds a connection string or a password
 };
@@ -94,8 +95,10 @@ class Handler {
 
 // Readiness against PostgreSQL: runs store::kSchemaQuery on `pool` and compares the
 // applied migrations with the embedded ones, all within `deadline` (the call is cancelled
-// when it passes; the pool then discards that connection).
-ReadinessProbe pg_readiness(std::shared_ptr<pg::Pool> pool, Millis deadline);
+// when it passes; the pool then discards that connection). On a newer schema that allows
+// this binary it is ready (reason "schema_newer_compatible"), logs that once and sets
+// idemproxy_schema_newer_compatible; `metrics` may be null.
+ReadinessProbe pg_readiness(std::shared_ptr<pg::Pool> pool, Millis deadline, obs::Metrics* metrics);
 
 // Runs `op` with a deadline: nullopt if the deadline passed first. The loser is cancelled
 // through its cancellation slot and awaited before this returns, so nothing `op`

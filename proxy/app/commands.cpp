@@ -1,6 +1,7 @@
 #include "app/commands.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <functional>
 #include <iostream>
@@ -12,6 +13,7 @@
 #include "app/config.hpp"
 #include "app/sidecar.hpp"
 #include "observability/logging.hpp"
+#include "common/time_text.hpp"
 #include "store/migrations.hpp"
 
 namespace idem::app {
@@ -22,13 +24,30 @@ bool prepare_database(const settings::Settings& cfg, const std::string& path) {
   try {
     switch (cfg.database.migrate) {
       case settings::MigrateMode::automatic: {
-        const auto report = store::apply_migrations(cfg.database.url, cfg.database.connect_timeout);
+        store::MigrateOptions options;
+        options.connect_timeout = cfg.database.connect_timeout;
+        options.on_event = [](const store::MigrationEvent& e) {
+          if (e.kind == store::MigrationEvent::Kind::note || e.kind == store::MigrationEvent::Kind::step_retry) {
+            spdlog::info("migrate: {}{}", e.name.empty() ? "" : e.name + ": ", e.detail);
+          }
+        };
+        const auto report = store::apply_migrations(cfg.database.url, options);
         for (int v : report.applied) spdlog::info("applied migration {}", v);
         return true;
       }
       case settings::MigrateMode::check: {
         const auto check = store::check_schema(cfg.database.url, cfg.database.connect_timeout);
         if (check.status == store::SchemaStatus::current) return true;
+        if (check.status == store::SchemaStatus::newer_compatible) {
+          // A replica of the previous release during a rolling upgrade, or one rolled
+          // back: the database says it may serve (docs/operations.md, "Upgrading").
+          spdlog::warn("database schema: {}: serving", check.detail);
+          return true;
+        }
+        if (check.status == store::SchemaStatus::incompatible) {
+          spdlog::critical("database schema: {}", check.detail);
+          return false;
+        }
         spdlog::critical("database schema is not current ({}); run `idemproxy migrate --config {}` "
                          "or set database.migrate: auto",
                          check.detail, path);
@@ -163,13 +182,57 @@ int serve(const std::string& path, const std::string& version) {
   return kExitOk;
 }
 
-int migrate(const std::string& path) {
+namespace {
+
+// One line per migrator event, timed (UTC, milliseconds), so an operator can follow a
+// long backfill and scripts/upgrade-check can attribute claim stalls to steps.
+void print_event(const store::MigrationEvent& e) {
+  using K = store::MigrationEvent::Kind;
+  const auto now = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::chrono::system_clock::now().time_since_epoch());
+  std::string line = rfc3339_from_us(now.count()) + " ";
+  switch (e.kind) {
+    case K::migration_started: line += e.name + ": started (" + e.detail + ")"; break;
+    case K::step_started:
+      line += e.name + " step " + std::to_string(e.step) + "/" + std::to_string(e.steps) +
+              " started: " + e.detail;
+      break;
+    case K::step_progress:
+    case K::step_retry:
+      line += e.name + " step " + std::to_string(e.step) + "/" + std::to_string(e.steps) + ": " + e.detail;
+      break;
+    case K::step_done:
+      line += e.name + " step " + std::to_string(e.step) + "/" + std::to_string(e.steps) +
+              " done in " + fmt::format("{:.3f}", e.seconds) + " s";
+      break;
+    case K::migration_done:
+      line += e.name + ": applied in " + fmt::format("{:.3f}", e.seconds) + " s";
+      break;
+    case K::note: line += (e.name.empty() ? "" : e.name + ": ") + e.detail; break;
+  }
+  std::cout << line << std::endl;  // flushed: a caller follows it as it happens
+}
+
+}  // namespace
+
+int migrate(const std::string& path, const MigrateArgs& args) {
   const auto rt = load_runtime(path);
   const auto& db = rt->settings().database;
   try {
-    const auto report = store::apply_migrations(db.url, db.connect_timeout);
+    if (args.plan) {
+      std::cout << store::plan_migrations(db.url, db.connect_timeout);
+      return kExitOk;
+    }
+    store::MigrateOptions options;
+    options.connect_timeout = db.connect_timeout;
+    if (args.lock_wait) options.lock_wait = *args.lock_wait;
+    options.release = args.release;
+    options.on_event = print_event;
+    const auto report = store::apply_migrations(db.url, options);
     if (report.applied.empty()) {
-      std::cout << "schema is current (version " << report.current_version << ")\n";
+      std::cout << (report.current_version > report.binary_version ? "nothing to apply (version "
+                                                                   : "schema is current (version ")
+                << report.current_version << ")\n";
     } else {
       for (int v : report.applied) std::cout << "applied migration " << v << "\n";
       std::cout << "schema is now at version " << report.current_version << "\n";

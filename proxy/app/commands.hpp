@@ -2,7 +2,10 @@
 // The commands of the idemproxy executable (contract §2). Each returns the exit status:
 // 0 success, 1 any other failure. An invalid configuration throws settings::ConfigError,
 // which main() turns into exit status 2.
+#include <optional>
 #include <string>
+
+#include "common/types.hpp"
 
 namespace idem::app {
 
@@ -12,8 +15,13 @@ constexpr int kExitUsage = 2;
 
 // Runs the sidecar until SIGTERM/SIGINT and its drain; SIGHUP reloads.
 int serve(const std::string& config_path, const std::string& version);
-// Applies pending migrations, then exits.
-int migrate(const std::string& config_path);
+struct MigrateArgs {
+  bool plan = false;                      // --plan: print what would be done, change nothing
+  std::optional<Millis> lock_wait;        // --lock-wait: per step, default 10m
+  std::string release;                    // recorded beside each migration applied
+};
+// Applies pending migrations (or, with --plan, prints them), then exits.
+int migrate(const std::string& config_path, const MigrateArgs& args);
 // Validates and prints the effective configuration, secrets masked.
 int check_config(const std::string& config_path);
 

@@ -222,7 +222,7 @@ void Sidecar::Parts::build_admin() {
   admin::Dependencies ad;
   ad.store = first.cached.get();
   ad.metrics = metrics.get();
-  ad.readiness = admin::pg_readiness(first.pool, kAdminStoreDeadline);
+  ad.readiness = admin::pg_readiness(first.pool, kAdminStoreDeadline, metrics.get());
   ad.token = [h = holder] { return h->load()->settings().admin.token; };
   ad.store_deadline = kAdminStoreDeadline;
   admin_handler = std::make_unique<admin::Handler>(std::move(ad));

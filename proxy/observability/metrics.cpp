@@ -257,7 +257,11 @@ class Family {
   X(trace_spans,        Counter,         "idemproxy_trace_spans_total",          "result",       \
     "Spans of the OTLP exporter: exported, dropped (queue full) or failed (every attempt to export failed).") \
   X(trace_retries,      Counter,         "idemproxy_trace_export_retries_total", "",             \
-    "Exports of a batch of spans tried again after a failed attempt.")
+    "Exports of a batch of spans tried again after a failed attempt.")                          \
+  X(schema_version,     Gauge,           "idemproxy_schema_version",             "of",           \
+    "Schema versions seen by the readiness probe: of=\"binary\" (the newest this binary embeds), of=\"database\" (the newest applied).") \
+  X(schema_newer,       Gauge,           "idemproxy_schema_newer_compatible",    "",             \
+    "1 while this replica serves a database migrated by a newer, compatible release, else 0.")
 // clang-format on
 
 // --- Prometheus text format -------------------------------------------------------------
@@ -424,6 +428,9 @@ struct Metrics::Impl {
   Gauge& cache_count = cache_entries.get("");
   Gauge& cache_size = cache_bytes.get("");
   Counter& trace_retry = trace_retries.get("");
+  Gauge& schema_binary = schema_version.get("binary");
+  Gauge& schema_database = schema_version.get("database");
+  Gauge& schema_newer_compatible = schema_newer.get("");
   std::array<Histogram*, kStoreOpCount> store_ops{};
 
   Impl() {
@@ -497,6 +504,11 @@ void Metrics::lease_renewal() { impl_->renewal.add(1); }
 void Metrics::expired_deleted(std::uint64_t n) { impl_->expired.add(n); }
 void Metrics::store_error(std::string_view kind) { impl_->store_errors.get(kind).add(1); }
 void Metrics::set_in_progress_oldest(double seconds) { impl_->oldest.value.store(seconds, kRelaxed); }
+void Metrics::set_schema(int binary_version, int database_version, bool newer_compatible) {
+  impl_->schema_binary.value.store(binary_version, kRelaxed);
+  impl_->schema_database.value.store(database_version, kRelaxed);
+  impl_->schema_newer_compatible.value.store(newer_compatible ? 1.0 : 0.0, kRelaxed);
+}
 void Metrics::replay_cache_lookup(bool hit) { (hit ? impl_->cache_hit : impl_->cache_miss).add(1); }
 void Metrics::trace_spans(std::string_view result, std::uint64_t n) {
   impl_->trace_spans.get(result).add(n);

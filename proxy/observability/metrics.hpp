@@ -78,6 +78,9 @@ class Metrics {
   void expired_deleted(std::uint64_t n);
   void store_error(std::string_view kind);  // e.g. "unavailable", "timeout", "busy", "protocol"
   void set_in_progress_oldest(double seconds);  // 0 when none
+  // What the readiness probe last read: the binary's and the database's schema versions,
+  // and whether this replica serves a newer schema that allows it.
+  void set_schema(int binary_version, int database_version, bool newer_compatible);
   void replay_cache_lookup(bool hit);
   void replay_cache_notification();
   void set_replay_cache(bool active, std::size_t entries, std::size_t bytes);

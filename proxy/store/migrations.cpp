@@ -11,152 +11,63 @@
 #include <openssl/evp.h>
 
 #include "common/text.hpp"
-#include "pg/host_list.hpp"
+#include "store/blocking_pg.hpp"
+#include "store/migration_script.hpp"
 
 namespace idem::store {
 
 const char* const kSchemaQuery =
-    "SELECT version, checksum FROM idemproxy_schema_migrations ORDER BY version";
+    "SELECT version, checksum, to_jsonb(m)->>'compatible_from', name"
+    " FROM idemproxy_schema_migrations m ORDER BY version";
 
-namespace {
-
-// Session advisory lock key shared by every migrator: "idemprox" in ASCII.
-constexpr const char* kLockKey = "7594306392365887352";
-static_assert(0x6964656d70726f78LL == 7594306392365887352LL);
-
-constexpr const char* kCreateTableSql = R"sql(
-CREATE TABLE IF NOT EXISTS idemproxy_schema_migrations (
-  version    integer     PRIMARY KEY,
-  name       text        NOT NULL,
-  checksum   text        NOT NULL,
-  applied_at timestamptz NOT NULL DEFAULT now()
-))sql";
-
-struct ConnCloser {
-  void operator()(PGconn* c) const { PQfinish(c); }
-};
-struct ResultClearer {
-  void operator()(PGresult* r) const { PQclear(r); }
-};
-using ConnPtr = std::unique_ptr<PGconn, ConnCloser>;
-using ResultPtr = std::unique_ptr<PGresult, ResultClearer>;
-
-void discard_notice(void*, const char*) {}
-
-std::string trimmed_message(const char* msg) {
-  return std::string(text::trim_end(msg ? msg : "", "\n "));
-}
-
-// The password values in `conninfo`, to scrub from libpq's messages. libpq's parser quotes
-// the text it could not parse (a bad percent-escape, a keyword without '='), which in a
-// malformed URL may be the password itself: such errors are reported without its text.
-std::vector<std::string> conninfo_secrets(const std::string& conninfo) {
-  char* parse_error = nullptr;
-  PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
-  if (parsed == nullptr) {
-    if (parse_error != nullptr) PQfreemem(parse_error);
-    throw std::runtime_error(
-        "database.url is neither a valid libpq URI nor valid conninfo (check its quoting and "
-        "percent-encoding; libpq's own message is not shown because it may quote the password)");
-  }
-  std::vector<std::string> secrets;
-  for (const PQconninfoOption* o = parsed; o->keyword != nullptr; ++o) {
-    const std::string_view key = o->keyword;
-    if ((key == "password" || key == "sslpassword") && o->val != nullptr && *o->val != '\0') {
-      secrets.emplace_back(o->val);
-    }
-  }
-  PQconninfoFree(parsed);
-  return secrets;
-}
-
-std::string scrubbed(std::string message, const std::vector<std::string>& secrets) {
-  for (const auto& secret : secrets) {
-    for (auto at = message.find(secret); at != std::string::npos; at = message.find(secret, at)) {
-      message.replace(at, secret.size(), "****");
-      at += 4;
-    }
-  }
-  return message;
-}
-
-// One host at a time, as the pool does (pg/host_list.hpp): libpq's blocking connect
-// would stop at the first server that answers with an error (a standby out of connection
-// slots, say), never trying the primary listed after it.
-ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
-  const auto secrets = conninfo_secrets(conninfo);
-  // libpq's connect_timeout is whole seconds (and at least 2 in effect); round up so a
-  // sub-second setting still bounds the wait. It bounds each host, as in libpq.
-  const auto seconds = std::max<long long>(1, (connect_timeout.count() + 999) / 1000);
-  const std::string timeout = std::to_string(seconds);
-  std::string parse_error;
-  const auto attempts = pg::connect_attempts(conninfo, parse_error);
-  if (attempts.empty()) {
-    throw std::runtime_error("cannot connect to PostgreSQL: the connection string does not parse");
-  }
-  std::string messages;
-  for (const auto& attempt : attempts) {
-    std::vector<const char*> keys, values;
-    for (const auto& [k, v] : attempt) {
-      if (k == "connect_timeout" || k == "fallback_application_name") continue;
-      keys.push_back(k.c_str());
-      values.push_back(v.c_str());
-    }
-    keys.push_back("connect_timeout");
-    values.push_back(timeout.c_str());
-    keys.push_back("fallback_application_name");
-    values.push_back("idemproxy-migrate");
-    keys.push_back(nullptr);
-    values.push_back(nullptr);
-    ConnPtr conn(PQconnectdbParams(keys.data(), values.data(), 0));
-    if (!conn) throw std::runtime_error("cannot connect to PostgreSQL: out of memory");
-    if (PQstatus(conn.get()) == CONNECTION_OK) {
-      // CREATE TABLE IF NOT EXISTS and friends raise NOTICEs that would go to stderr.
-      PQsetNoticeProcessor(conn.get(), &discard_notice, nullptr);
-      return conn;
-    }
-    if (!messages.empty()) messages += "; ";
-    messages += scrubbed(trimmed_message(PQerrorMessage(conn.get())), secrets);
-  }
-  throw std::runtime_error("cannot connect to PostgreSQL: " + messages);
-}
-
-ResultPtr exec(PGconn* conn, const char* sql, const std::vector<std::string>& params = {},
-               const std::string& what = {}) {
-  std::vector<const char*> values;
-  values.reserve(params.size());
-  for (const auto& p : params) values.push_back(p.c_str());
-  // Without parameters, PQexec's simple protocol allows a migration file to hold many
-  // statements; with parameters it must be one statement anyway.
-  ResultPtr r(params.empty() ? PQexec(conn, sql)
-                             : PQexecParams(conn, sql, static_cast<int>(values.size()),
-                                            nullptr, values.data(), nullptr, nullptr, 0));
-  const ExecStatusType st = r ? PQresultStatus(r.get()) : PGRES_FATAL_ERROR;
-  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
-    const std::string msg =
-        trimmed_message(r ? PQresultErrorMessage(r.get()) : PQerrorMessage(conn));
-    throw std::runtime_error((what.empty() ? std::string("schema query failed")
-                                           : what) + ": " + msg);
-  }
-  return r;
-}
-
-std::vector<std::pair<int, std::string>> read_applied(PGconn* conn) {
+std::vector<AppliedMigration> read_applied_migrations(PGconn* conn) {
   auto r = exec(conn, kSchemaQuery, {}, "cannot read idemproxy_schema_migrations");
-  std::vector<std::pair<int, std::string>> applied;
+  std::vector<AppliedMigration> applied;
   for (int i = 0; i < PQntuples(r.get()); ++i) {
-    applied.emplace_back(std::stoi(PQgetvalue(r.get(), i, 0)), PQgetvalue(r.get(), i, 1));
+    AppliedMigration a;
+    a.version = std::stoi(PQgetvalue(r.get(), i, 0));
+    a.checksum = PQgetvalue(r.get(), i, 1);
+    if (!PQgetisnull(r.get(), i, 2)) a.compatible_from = std::stoi(PQgetvalue(r.get(), i, 2));
+    a.name = PQgetvalue(r.get(), i, 3);
+    applied.push_back(std::move(a));
   }
   return applied;
 }
 
-std::string label(const EmbeddedMigration& m) {
-  std::string v = std::to_string(m.version);
+bool schema_table_exists(PGconn* conn) {
+  auto r = exec(conn, "SELECT to_regclass('idemproxy_schema_migrations') IS NOT NULL", {},
+                "cannot inspect the schema");
+  return std::string_view(PQgetvalue(r.get(), 0, 0)) == "t";
+}
+
+namespace {
+
+// The checksums under which each known migration counts as applied: its text's, and
+// those of the earlier texts it supersedes (the same end state, reached another way).
+struct Known {
+  const EmbeddedMigration* migration;
+  std::vector<std::string> checksums;
+};
+
+std::map<int, Known> index_known(const std::vector<EmbeddedMigration>& list) {
+  std::map<int, Known> known;
+  for (const auto& m : list) {
+    Known k{&m, {migration_checksum(m)}};
+    for (auto& c : parse_migration(m).supersedes) k.checksums.push_back(std::move(c));
+    known.emplace(m.version, std::move(k));
+  }
+  return known;
+}
+
+std::string version_label(int version, std::string_view name) {
+  std::string v = std::to_string(version);
   if (v.size() < 4) v.insert(0, 4 - v.size(), '0');
-  return v + "_" + std::string(m.name);
+  return name.empty() ? v : v + "_" + std::string(name);
 }
 
 }  // namespace
+
+std::string migration_label(const EmbeddedMigration& m) { return version_label(m.version, m.name); }
 
 std::string migration_checksum(const EmbeddedMigration& m) {
   unsigned char digest[EVP_MAX_MD_SIZE];
@@ -167,93 +78,88 @@ std::string migration_checksum(const EmbeddedMigration& m) {
   return text::to_hex(digest, length);
 }
 
-SchemaCheck compare_schema(const std::vector<std::pair<int, std::string>>& applied) {
-  std::map<int, const EmbeddedMigration*> known;
-  for (const auto& m : embedded_migrations()) known.emplace(m.version, &m);
+std::string_view to_string(SchemaStatus s) noexcept {
+  switch (s) {
+    case SchemaStatus::current: return "current";
+    case SchemaStatus::behind: return "behind";
+    case SchemaStatus::newer_compatible: return "newer_compatible";
+    case SchemaStatus::incompatible: return "incompatible";
+    case SchemaStatus::mismatch: return "mismatch";
+  }
+  return "?";
+}
 
+// Ordered checks, each with its reason: a database this binary cannot vouch for
+// (mismatch) before one it could migrate (behind), before one it may serve as is.
+SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied,
+                           const std::vector<EmbeddedMigration>& list) {
+  const auto known = index_known(list);
   SchemaCheck check;
+  check.binary_version = known.empty() ? 0 : known.rbegin()->first;
   std::map<int, bool> seen;
-  for (const auto& [version, checksum] : applied) {
-    check.database_version = std::max(check.database_version, version);
-    auto it = known.find(version);
+  const AppliedMigration* newest_unknown = nullptr;
+  for (const auto& a : applied) {
+    check.database_version = std::max(check.database_version, a.version);
+    if (a.version > check.binary_version) {
+      // Rows from before the rule carry no compatible_from: only a binary that embeds
+      // that migration may serve it.
+      check.required_version = std::max(check.required_version, a.compatible_from.value_or(a.version));
+      if (!newest_unknown || a.version > newest_unknown->version) newest_unknown = &a;
+      continue;
+    }
+    auto it = known.find(a.version);
     if (it == known.end()) {
       check.status = SchemaStatus::mismatch;
-      check.detail = "the database has migration " + std::to_string(version) +
-                     ", which this binary does not know (is a newer idemproxy deployed?)";
+      check.detail = "the database has migration " + version_label(a.version, a.name) +
+                     ", which this binary does not have although it knows later ones";
       return check;
     }
-    if (migration_checksum(*it->second) != checksum) {
+    const auto& sums = it->second.checksums;
+    if (std::find(sums.begin(), sums.end(), a.checksum) == sums.end()) {
       check.status = SchemaStatus::mismatch;
-      check.detail = "migration " + label(*it->second) +
+      check.detail = "migration " + migration_label(*it->second.migration) +
                      " was changed after it was applied (checksum differs)";
       return check;
     }
-    seen[version] = true;
+    seen[a.version] = true;
   }
   std::string pending;
-  for (const auto& [version, m] : known) {
-    if (!seen.count(version)) pending += (pending.empty() ? "" : ", ") + label(*m);
+  for (const auto& [version, k] : known) {
+    if (!seen.count(version)) pending += (pending.empty() ? "" : ", ") + migration_label(*k.migration);
   }
-  if (pending.empty()) {
-    check.status = SchemaStatus::current;
-  } else {
+  if (!pending.empty()) {
     check.status = SchemaStatus::behind;
     check.detail = "pending migrations: " + pending;
+    return check;
+  }
+  if (newest_unknown == nullptr) {
+    check.status = SchemaStatus::current;
+    return check;
+  }
+  const std::string newest = version_label(newest_unknown->version, newest_unknown->name);
+  if (check.required_version <= check.binary_version) {
+    check.status = SchemaStatus::newer_compatible;
+    check.detail = "the database is at schema " + std::to_string(check.database_version) +
+                   " (" + newest + "), newer than this binary's " +
+                   std::to_string(check.binary_version) + "; its newer migrations allow binaries " +
+                   "from schema " + std::to_string(check.required_version);
+  } else {
+    check.status = SchemaStatus::incompatible;
+    check.detail = "the database has migration " + newest + ", which needs idemproxy with schema " +
+                   std::to_string(check.required_version) + " or later; this binary has schema " +
+                   std::to_string(check.binary_version) + ": deploy a newer release";
   }
   return check;
 }
 
-MigrationReport apply_migrations(const std::string& conninfo, Millis connect_timeout) {
-  ConnPtr conn = connect_blocking(conninfo, connect_timeout);
-  PGconn* c = conn.get();
-
-  // Held for the whole run, so a second migrator waits here and then finds nothing to
-  // do. It is a session lock: if anything below throws, closing the connection frees it.
-  // Taken before CREATE TABLE IF NOT EXISTS, which is not safe to race by itself (two
-  // sessions can both decide to create and one fails on the catalog's unique index).
-  exec(c, "SELECT pg_advisory_lock($1::bigint)", {kLockKey}, "cannot take the migration lock");
-  exec(c, kCreateTableSql, {}, "cannot create idemproxy_schema_migrations");
-
-  const auto applied = read_applied(c);
-  const SchemaCheck before = compare_schema(applied);
-  if (before.status == SchemaStatus::mismatch) {
-    throw std::runtime_error("refusing to migrate: " + before.detail);
-  }
-
-  MigrationReport report;
-  report.current_version = before.database_version;
-  for (const auto& m : embedded_migrations()) {
-    const bool done = std::any_of(applied.begin(), applied.end(),
-                                  [&](const auto& a) { return a.first == m.version; });
-    if (done) continue;
-    // One transaction per migration: a failure leaves the schema at the previous
-    // version, never half-applied, and the record commits with the change it describes.
-    const std::string what = "migration " + label(m) + " failed";
-    exec(c, "BEGIN", {}, what);
-    try {
-      exec(c, std::string(m.sql).c_str(), {}, what);
-      exec(c,
-           "INSERT INTO idemproxy_schema_migrations (version, name, checksum) "
-           "VALUES ($1::integer, $2, $3)",
-           {std::to_string(m.version), std::string(m.name), migration_checksum(m)}, what);
-      exec(c, "COMMIT", {}, what);
-    } catch (...) {
-      PQclear(PQexec(c, "ROLLBACK"));
-      throw;
-    }
-    report.applied.push_back(m.version);
-    report.current_version = std::max(report.current_version, m.version);
-  }
-  exec(c, "SELECT pg_advisory_unlock($1::bigint)", {kLockKey}, "cannot release the migration lock");
-  return report;
+SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied) {
+  return compare_schema(applied, embedded_migrations());
 }
 
 SchemaCheck check_schema(const std::string& conninfo, Millis connect_timeout) {
   ConnPtr conn = connect_blocking(conninfo, connect_timeout);
-  auto exists = exec(conn.get(), "SELECT to_regclass('idemproxy_schema_migrations') IS NOT NULL",
-                     {}, "cannot inspect the schema");
-  if (std::string_view(PQgetvalue(exists.get(), 0, 0)) != "t") return compare_schema({});
-  return compare_schema(read_applied(conn.get()));
+  if (!schema_table_exists(conn.get())) return compare_schema({});
+  return compare_schema(read_applied_migrations(conn.get()));
 }
 
 }  // namespace idem::store

@@ -30,7 +30,7 @@ TEST_CASE("embedded migrations are ordered and checksummed with SHA-256") {
   REQUIRE_FALSE(all.empty());
   CHECK(all.front().version == 1);
   CHECK(all.front().name == "idempotency_requests");
-  CHECK(all.front().sql.find("CREATE TABLE idempotency_requests") != std::string_view::npos);
+  CHECK(all.front().sql.find("CREATE TABLE IF NOT EXISTS idempotency_requests") != std::string_view::npos);
   for (std::size_t i = 1; i < all.size(); ++i) CHECK(all[i - 1].version < all[i].version);
 
   // The SHA-256 test vector for "abc".
@@ -40,25 +40,29 @@ TEST_CASE("embedded migrations are ordered and checksummed with SHA-256") {
 }
 
 TEST_CASE("compare_schema: current, behind and mismatch") {
-  std::vector<std::pair<int, std::string>> applied;
+  std::vector<AppliedMigration> applied;
   auto none = compare_schema(applied);
   CHECK(none.status == SchemaStatus::behind);
   CHECK(none.database_version == 0);
   CHECK(none.detail.find("0001_idempotency_requests") != std::string::npos);
 
-  for (const auto& m : embedded_migrations()) applied.emplace_back(m.version, migration_checksum(m));
+  for (const auto& m : embedded_migrations()) {
+    applied.push_back({m.version, migration_checksum(m), m.version, std::string(m.name)});
+  }
   auto current = compare_schema(applied);
   CHECK(current.status == SchemaStatus::current);
   CHECK(current.database_version == latest_version());
 
   auto changed = applied;
-  changed.front().second = "0000";
+  changed.front().checksum = "0000";
   CHECK(compare_schema(changed).status == SchemaStatus::mismatch);
 
+  // A newer migration recorded without compatible_from (a release before the rule):
+  // only a binary that embeds it may serve.
   auto newer = applied;
-  newer.emplace_back(latest_version() + 1, "feed");
+  newer.push_back({latest_version() + 1, "feed", std::nullopt, "from_the_future"});
   auto n = compare_schema(newer);
-  CHECK(n.status == SchemaStatus::mismatch);
+  CHECK(n.status == SchemaStatus::incompatible);
   CHECK(n.database_version == latest_version() + 1);
 }
 
@@ -125,25 +129,47 @@ TEST_CASE("apply_migrations: a changed checksum is refused") {
   CHECK(check.detail.find("0001_idempotency_requests") != std::string::npos);
 }
 
-TEST_CASE("apply_migrations: an unknown newer version is refused") {
+TEST_CASE("apply_migrations: a newer version is served when it allows this binary, refused otherwise") {
   test::ScratchDatabase db("idem_migrate_test");
   apply_migrations(db.url(), kConnect);
   test::Db sql(db.url());
-  sql.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum)"
-           " VALUES (9999, 'from_the_future', 'x')");
-  CHECK_THROWS_AS(apply_migrations(db.url(), kConnect), std::runtime_error);
+  sql.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum, compatible_from)"
+           " VALUES (9998, 'add_a_column', 'x', $1)", {latest_version()});
+  auto compatible = apply_migrations(db.url(), kConnect);
+  CHECK(compatible.applied.empty());
+  CHECK(compatible.current_version == 9998);
   auto check = check_schema(db.url(), kConnect);
-  CHECK(check.status == SchemaStatus::mismatch);
+  CHECK(check.status == SchemaStatus::newer_compatible);
+  CHECK(check.required_version == latest_version());
+
+  sql.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum, compatible_from)"
+           " VALUES (9999, 'drop_a_column', 'x', 9999)");
+  CHECK_THROWS_WITH_AS(apply_migrations(db.url(), kConnect), doctest::Contains("9999_drop_a_column"),
+                       std::runtime_error);
+  check = check_schema(db.url(), kConnect);
+  CHECK(check.status == SchemaStatus::incompatible);
   CHECK(check.database_version == 9999);
+  CHECK(check.required_version == 9999);
 }
 
 TEST_CASE("kSchemaQuery reads what compare_schema needs") {
   test::ScratchDatabase db("idem_migrate_test");
   apply_migrations(db.url(), kConnect);
   test::Db sql(db.url());
-  std::vector<std::pair<int, std::string>> applied;
-  for (const auto& row : sql.query(kSchemaQuery)) applied.emplace_back(std::stoi(*row[0]), *row[1]);
+  std::vector<AppliedMigration> applied;
+  for (const auto& row : sql.query(kSchemaQuery)) {
+    applied.push_back({std::stoi(*row[0]), *row[1], std::stoi(*row[2]), *row[3]});
+  }
   CHECK(compare_schema(applied).status == SchemaStatus::current);
+  // The same query runs on the table of a release before the rule (no compatible_from).
+  test::ScratchDatabase legacy("idem_migrate_test");
+  test::Db old(legacy.url());
+  old.exec("CREATE TABLE idemproxy_schema_migrations (version integer PRIMARY KEY, name text NOT NULL,"
+           " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())");
+  old.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum) VALUES (1, 'a', 'b')");
+  const auto rows = old.query(kSchemaQuery);
+  REQUIRE(rows.size() == 1);
+  CHECK_FALSE(rows[0][2].has_value());
 }
 
 TEST_CASE("apply_migrations: a multi-host list gets past a server that refuses the startup") {
