@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "history.hpp"
 #include "nemesis.hpp"
 #include "topology.hpp"
+#include "upgrade.hpp"
 #include "workload.hpp"
 
 namespace {
@@ -59,6 +61,16 @@ fault kinds: kill pause pg-restart-fast pg-restart-immediate backend-kill backen
   net-refuse; groups: all none process pg backend net; combo adds combinations
   with --failover only: pg-failover pg-failover-vanish pg-switchover (group failover),
   combinable with the process and backend kinds
+  --upgrade-from BIN --upgrade-to BIN
+                   a rolling upgrade (scripts/upgrade-check): the replicas start on the
+                   first release, then the second migrates and replaces them one at a
+                   time; faults default to none, --ops to 200000 (an upper bound: the
+                   load ends after the roll)
+  --from-label T --to-label T   the releases' names in the report
+  --prefill N      records written at the old schema before the load (upgrade runs)
+  --expect-incompatible   the new release's migration allows no old replica: they must
+                   turn unready (schema_incompatible) before the roll
+  --readiness-may-drop    the old release predates the compatibility rule
 environment: DATABASE_URL (required), IDEM_TEST_PGCTL (required with pg faults),
   IDEM_FAILOVER_NODES and IDEM_FAILOVER_CTL (with --failover; paf-up prints them),
   IDEMPROXY_BIN, IDEM_ORDER_BACKEND_BIN, IDEM_FAULT_PROXY_BIN (default: the build's)
@@ -81,6 +93,14 @@ struct Args {
   bool keep = false;
   Millis lease{1000};
   Millis response_timeout{1000};
+  // A rolling upgrade (upgrade.hpp) when both are set.
+  std::string upgrade_from;
+  std::string upgrade_to;
+  std::string from_label = "old";
+  std::string to_label = "new";
+  std::uint64_t prefill = 0;
+  bool expect_incompatible = false;
+  bool readiness_may_drop = false;
 };
 
 struct UsageError : std::runtime_error {
@@ -149,6 +169,10 @@ Args parse(int argc, char** argv) {
       a.keep = true;
       continue;
     }
+    if (arg == "--expect-incompatible" || arg == "--readiness-may-drop") {
+      (arg == "--expect-incompatible" ? a.expect_incompatible : a.readiness_may_drop) = true;
+      continue;
+    }
     if (i + 1 >= argc) throw UsageError(std::string(arg) + " needs a value");
     const std::string_view value = argv[++i];
     if (arg == "--ops") {
@@ -172,11 +196,29 @@ Args parse(int argc, char** argv) {
       a.lease = duration(arg, value);
     } else if (arg == "--response-timeout") {
       a.response_timeout = duration(arg, value);
+    } else if (arg == "--upgrade-from") {
+      a.upgrade_from = std::string(value);
+    } else if (arg == "--upgrade-to") {
+      a.upgrade_to = std::string(value);
+    } else if (arg == "--from-label") {
+      a.from_label = std::string(value);
+    } else if (arg == "--to-label") {
+      a.to_label = std::string(value);
+    } else if (arg == "--prefill") {
+      a.prefill = number(arg, value, 1'000'000'000);
     } else {
       throw UsageError("unknown option '" + std::string(arg) + "'");
     }
   }
   check_fault_mode(a);
+  if (a.upgrade_from.empty() != a.upgrade_to.empty()) {
+    throw UsageError("--upgrade-from and --upgrade-to go together");
+  }
+  if (!a.upgrade_to.empty()) {
+    if (a.failovers > 0) throw UsageError("--upgrade-to and --failover do not combine");
+    if (!a.faults_given) a.faults = std::get<FaultSet>(parse_faults("none"));
+    if (!a.ops_given) a.ops = 200'000;
+  }
   if (!a.seed_given) {
     a.seed = (static_cast<std::uint64_t>(::getpid()) << 20) ^
              static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
@@ -221,33 +263,41 @@ CREATE TRIGGER chaos_witness_claim
 
 // orders and arrivals from the order API's database, records and claims from the store's
 // (the same database unless the store is a cluster).
-Snapshot snapshot(idem::it::Db& db, idem::it::Db& store) {
+// The upgrade run's claim probes (tenant Upgrade::kProbeTenant) are its own evidence,
+// not the plan's operations: left out here.
+Snapshot snapshot(idem::it::Db& db, idem::it::Db& store, bool witnessed) {
   Snapshot s;
+  const std::string probes = Upgrade::kProbeTenant;
   for (const auto& r : db.query(
            "SELECT order_id::text, tenant_id, customer_id, amount::text, checkout_id, "
-           "coalesce(operation_id, retired_operation_id) FROM demo_orders.orders")) {
+           "coalesce(operation_id, retired_operation_id) FROM demo_orders.orders WHERE tenant_id <> $1",
+           {probes})) {
     s.orders.push_back({r.at(0).value_or(""), r.at(1).value_or(""), r.at(2).value_or(""),
                         std::stoll(r.at(3).value_or("0")), r.at(4), r.at(5)});
   }
   for (const auto& r : db.query(
            "SELECT tenant_id, operation_id, attempt::text, fencing_token::text "
-           "FROM demo_orders.arrivals")) {
+           "FROM demo_orders.arrivals WHERE tenant_id <> $1",
+           {probes})) {
     ArrivalRow a{.tenant = r.at(0).value_or(""), .operation_id = r.at(1).value_or(""),
                  .attempt = std::stoll(r.at(2).value_or("0"))};
     if (r.at(3)) a.fencing_token = std::stoll(*r.at(3));
     s.arrivals.push_back(std::move(a));
   }
-  for (const auto& r : store.query(
-           "SELECT tenant_id, idemproxy_operation_id(tenant_id, endpoint, idempotency_key), "
-           "fencing_token::text FROM chaos_claims")) {
-    s.claims.push_back({r.at(0).value_or(""), r.at(1).value_or(""),
-                        std::stoll(r.at(2).value_or("0"))});
+  if (witnessed) {
+    for (const auto& r : store.query(
+             "SELECT tenant_id, idemproxy_operation_id(tenant_id, endpoint, idempotency_key), "
+             "fencing_token::text FROM chaos_claims")) {
+      s.claims.push_back({r.at(0).value_or(""), r.at(1).value_or(""),
+                          std::stoll(r.at(2).value_or("0"))});
+    }
   }
-  s.claims_witnessed = true;
+  s.claims_witnessed = witnessed;
   for (const auto& r : store.query(
            "SELECT tenant_id, idempotency_key, state, response_status::text, "
            "convert_from(response_body, 'UTF8'), attempt_token::text "
-           "FROM idempotency_requests WHERE endpoint = 'POST /orders'")) {
+           "FROM idempotency_requests WHERE endpoint = 'POST /orders' AND tenant_id <> $1",
+           {probes})) {
     RecordRow row{.tenant = r.at(0).value_or(""), .key = r.at(1).value_or(""),
                   .state = r.at(2).value_or("")};
     if (r.at(3)) row.status = std::stoi(*r.at(3));
@@ -493,7 +543,7 @@ std::string summary_text(const json::object& s, const std::vector<FailoverFigure
 // With --failover N the load ends instead when the nemesis has done its N failovers: the
 // clients take no new entries, and the entries under way settle as above.
 RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology& topology,
-                 History& history, std::size_t failovers) {
+                 History& history, std::size_t failovers, const std::function<bool()>& load_done) {
   RunFigures figures;
   std::int64_t quiet_us = run_clock_us();
   const auto load_start = std::chrono::steady_clock::now();
@@ -526,7 +576,7 @@ RunFigures drive(const Plan& plan, Clients& clients, Nemesis& nemesis, Topology&
   };
   watch([&] {
     return clients.taken() >= plan.entries.size() || clients_done.load() ||
-           (failovers > 0 && nemesis.failovers() >= failovers);
+           (failovers > 0 && nemesis.failovers() >= failovers) || (load_done && load_done());
   });
   clients.drain();
   nemesis.stop();
@@ -557,7 +607,9 @@ void report(const Args& args, const fs::path& out, const CheckResult& result, co
   if (failed || args.keep) {
     dump(db, "demo_orders.orders", out / "orders.jsonl");
     dump(store, "idempotency_requests", out / "idempotency_requests.jsonl");
-    dump(store, "chaos_claims", out / "claims.jsonl");
+    if (store.scalar_int("SELECT count(*) FROM pg_class WHERE relname = 'chaos_claims'") > 0) {
+      dump(store, "chaos_claims", out / "claims.jsonl");
+    }
     dump(db, "demo_orders.arrivals", out / "arrivals.jsonl");
   }
   if (!failed) return;
@@ -597,11 +649,30 @@ int run(const Args& args) {
                                     .database = database,
                                     .lease = args.lease,
                                     .response_timeout = args.response_timeout,
-                                    .cluster = cluster ? &*cluster : nullptr});
-  // The replicas have migrated the store by now (migrate: auto, before they listen).
+                                    .cluster = cluster ? &*cluster : nullptr,
+                                    .replica_binary = args.upgrade_from});
+  std::optional<Upgrade> upgrade;
+  if (!args.upgrade_to.empty()) {
+    upgrade.emplace(topology, UpgradeOptions{.new_binary = args.upgrade_to,
+                                             .old_label = args.from_label,
+                                             .new_label = args.to_label,
+                                             .prefill = args.prefill,
+                                             .expect_incompatible = args.expect_incompatible,
+                                             .readiness_may_drop = args.readiness_may_drop,
+                                             .out = out});
+    upgrade->prefill();
+  }
+  // The replicas have migrated the store by now (migrate: auto, before they listen). A
+  // release before fencing tokens (schema 2) has nothing to witness: the run checks
+  // everything else.
+  bool witnessed = false;
   {
     idem::it::Db store(topology.store_url());
-    for (const char* sql : kClaimWitnessSql) store.exec(sql);
+    witnessed = store.scalar_int("SELECT count(*) FROM information_schema.columns WHERE"
+                                 " table_name = 'idempotency_requests' AND column_name = 'fencing_token'") > 0;
+    if (witnessed) {
+      for (const char* sql : kClaimWitnessSql) store.exec(sql);
+    }
   }
   MetricsTally tally;
   Nemesis nemesis(topology, history,
@@ -612,7 +683,11 @@ int run(const Args& args) {
                   tally, args.failovers);
   Clients clients(plan, history, {topology.replica_port(0), topology.replica_port(1)},
                   ClientOptions{.seed = args.seed, .workers = args.clients});
-  const RunFigures figures = drive(plan, clients, nemesis, topology, history, args.failovers);
+  if (upgrade) upgrade->start();
+  const RunFigures figures =
+      drive(plan, clients, nemesis, topology, history, args.failovers,
+            upgrade ? std::function<bool()>([&] { return upgrade->done(); }) : std::function<bool()>());
+  if (upgrade) upgrade->stop();
 
   for (int r = 0; r < Topology::kReplicas; ++r) {
     if (auto values = topology.scrape(r)) tally.observe(r, *values);
@@ -621,7 +696,7 @@ int run(const Args& args) {
   {
     idem::it::Db db(topology.database_url());
     idem::it::Db store(topology.store_url());
-    const Snapshot rows = snapshot(db, store);
+    const Snapshot rows = snapshot(db, store, witnessed);
     CheckResult result = check(plan, clients.taken(), history.attempts(), rows);
     if (!figures.stalled.empty()) {
       result.violations.insert(result.violations.begin(), Violation{"stalled", figures.stalled});
@@ -633,6 +708,7 @@ int run(const Args& args) {
                         failovers),
            failovers, db, store);
     failed = !result.violations.empty();
+    if (upgrade && !upgrade->report(db).ok) failed = true;
   }  // the run's databases are not in use past here: they can be dropped
   topology.stop();
   if (!failed && !args.keep) {

@@ -170,7 +170,8 @@ Topology::Topology(TopologyOptions options) : options_(std::move(options)) {
   start_proxy();
   for (int r = 0; r < kReplicas; ++r) {
     replicas_[r].admin_port = it::free_port();
-    replicas_[r].sidecar = std::make_unique<it::Sidecar>(replica_options(r));
+    replicas_[r].sidecar = std::make_unique<it::Sidecar>(
+        replica_options(r), it::SidecarLaunch{.binary = options_.replica_binary});
   }
 }
 
@@ -268,6 +269,14 @@ it::SidecarOptions Topology::replica_options(int r) const {
 }
 
 std::uint16_t Topology::replica_port(int r) const { return replicas_[r].sidecar->port(); }
+std::uint16_t Topology::admin_port(int r) const { return replicas_[r].admin_port; }
+
+void Topology::replace_replica(int r, const std::string& binary, Millis drain) {
+  auto& replica = replicas_[r];
+  replica.sidecar->stop(drain);
+  replica.sidecar->set_binary(binary);
+  replica.sidecar->restart();
+}
 
 void Topology::kill_replica(int r) {
   replicas_[r].sidecar->kill9();

@@ -56,6 +56,8 @@ struct TopologyOptions {
   // --failover: the replicas' store (the run's database is created there too); null: the
   // store is server_url's database, as the order API's.
   const Cluster* cluster = nullptr;
+  // The replicas' executable (an older release, for an upgrade run); empty: the build's.
+  std::string replica_binary;
 };
 
 // Counters of one replica's /metrics (sums over label sets that matter to the summary).
@@ -72,6 +74,10 @@ class Topology {
   Topology& operator=(const Topology&) = delete;
 
   std::uint16_t replica_port(int replica) const;
+  std::uint16_t admin_port(int replica) const;
+  // A rolling upgrade's step for one replica: SIGTERM, the drain waited out (up to
+  // `drain`), then the same configuration started on `binary`, waited until listening.
+  void replace_replica(int replica, const std::string& binary, Millis drain);
   // The order API's database (orders, arrivals) and the replicas' store (records), direct;
   // one database unless the store is a cluster.
   const std::string& database_url() const { return run_url_; }

@@ -130,3 +130,30 @@ TEST_CASE("verify-backend fails against a backend that ignores the operation id,
             .status.code() == 2);
   CHECK(run_idemproxy({"verify-backend", "--config", "x"}).status.code() == 2);  // no --route
 }
+
+TEST_CASE("migrate --plan names each pending step's lock and changes nothing") {
+  ScratchDatabase fresh;
+  TempDir dir;
+  const auto cfg = dir.write_file("idemproxy.yaml",
+                                  "listen: \"127.0.0.1:1\"\nupstream:\n  url: \"http://127.0.0.1:1\"\n"
+                                  "database:\n  url: \"" + fresh.url() + "\"\n  migrate: check\n");
+  auto plan = run_idemproxy({"migrate", "--config", cfg.string(), "--plan"});
+  INFO(plan.output);
+  CHECK(plan.status.code() == 0);
+  CHECK(plan.output.find("0003_fencing_tokens: 5 steps") != std::string::npos);
+  CHECK(plan.output.find("backfill of idempotency_requests") != std::string::npos);
+  CHECK(plan.output.find("online SHARE UPDATE EXCLUSIVE on idempotency_requests: validates") != std::string::npos);
+  CHECK(plan.output.find("every step is online") != std::string::npos);
+  Db db(fresh.url());
+  CHECK(db.scalar_int("SELECT count(*) FROM pg_class WHERE relname IN"
+                      " ('idempotency_requests', 'idemproxy_schema_migrations')") == 0);
+
+  // Applied, each step reported as it runs; then the plan has nothing left to do.
+  auto applied = run_idemproxy({"migrate", "--config", cfg.string()});
+  REQUIRE(applied.status.code() == 0);
+  CHECK(applied.output.find("0003_fencing_tokens step 2/5 started: backfill") != std::string::npos);
+  auto current = run_idemproxy({"migrate", "--config", cfg.string(), "--plan"});
+  CHECK(current.output.find("nothing to apply") != std::string::npos);
+  auto bad = run_idemproxy({"migrate", "--config", cfg.string(), "--lock-wait", "soon"});
+  CHECK(bad.status.code() == 2);
+}

@@ -173,3 +173,62 @@ TEST_CASE("ops: /readyz is 503 on a schema that is behind, 200 once it is migrat
   REQUIRE(migrate.status.success());
   wait_until([&] { return a.get("/readyz").status == 200; }, 10s, "/readyz after the migration");
 }
+
+// The compatibility rule seen by a replica of this release (docs/operations.md,
+// "Upgrading"): a newer migration that allows this binary's schema keeps it ready, with a
+// metric and a log line saying so, and it keeps serving (and fencing) as before; one that
+// does not turns it unready with a reason of its own.
+TEST_CASE("ops: /readyz on a newer schema: ready when it allows this release, schema_incompatible when not") {
+  TestBackend backend;
+  ScratchDatabase fresh;
+  AdminPort admin;
+  auto o = options_for(backend);
+  o.admin_listen = admin.listen();
+  o.database_url = fresh.url();
+  o.database_migrate = "auto";
+  o.log_level = "info";
+  Sidecar sidecar(o);
+  HttpClient a(admin.port);
+  HttpClient client(sidecar.port());
+  Db db(fresh.url());
+  REQUIRE(a.get("/readyz").status == 200);
+  const int version = static_cast<int>(db.scalar_int("SELECT max(version) FROM idemproxy_schema_migrations"));
+
+  // A newer release migrated: its migration allows schemas from this one's on.
+  db.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum, compatible_from)"
+          " VALUES ($1, 'add_a_column', 'x', $2)", {version + 1, version});
+  auto ready = a.get("/readyz");
+  REQUIRE(ready.status == 200);
+  CHECK(str(json_body(ready), "reason") == "schema_newer_compatible");
+  CHECK(str(json_body(ready), "detail").find(std::to_string(version + 1)) != std::string::npos);
+  const auto metrics = a.get("/metrics").body;
+  CHECK(metrics.find("idemproxy_schema_newer_compatible 1") != std::string::npos);
+  CHECK(metrics.find("idemproxy_schema_version{of=\"database\"} " + std::to_string(version + 1)) !=
+        std::string::npos);
+  sidecar.wait_for_log("newer than this binary");
+  // It serves as before: one order, one record, a replay.
+  const auto tenant = unique("tenant");
+  const auto key = unique("key");
+  CHECK(client.post("/orders", kOrder, order_headers(tenant, key)).status == 201);
+  auto replay = client.post("/orders", kOrder, order_headers(tenant, key));
+  CHECK(replay.status == 201);
+  CHECK(replay.header("Idempotent-Replayed") == "true");
+  CHECK(calls_for(backend, tenant).size() == 1);
+  CHECK(db.scalar_int("SELECT count(*) FROM idempotency_requests WHERE tenant_id = $1", {tenant}) == 1);
+
+  // A later one needs binaries of its own schema: this replica must leave the Service.
+  db.exec("INSERT INTO idemproxy_schema_migrations (version, name, checksum, compatible_from)"
+          " VALUES ($1, 'drop_a_column', 'x', $1)", {version + 2});
+  auto unready = a.get("/readyz");
+  CHECK(unready.status == 503);
+  CHECK(str(json_body(unready), "reason") == "schema_incompatible");
+  CHECK(str(json_body(unready), "detail").find("drop_a_column") != std::string::npos);
+  CHECK(a.get("/metrics").body.find("idemproxy_schema_newer_compatible 0") != std::string::npos);
+
+  // Restarted on it (a rollback one release too far), it refuses to start, saying why.
+  sidecar.stop();
+  auto serve = run_idemproxy({"serve", "--config", sidecar.config_path().string()});
+  CHECK(serve.status.code() == 1);
+  CHECK(serve.output.find("drop_a_column") != std::string::npos);
+  CHECK(serve.output.find("deploy a newer release") != std::string::npos);
+}

@@ -133,6 +133,8 @@ class Sidecar {
   ExitStatus stop(Millis timeout = 10s);
   // Starts the process again with the current config file (after stop() or kill9()).
   void restart();
+  // The executable of the next start (a rolling upgrade starts another release).
+  void set_binary(std::string binary) { launch_.binary = std::move(binary); }
   // Rewrites the config file and sends SIGHUP.
   void reload(std::string yaml);
   bool running();
