@@ -39,8 +39,14 @@ COMMIT;
 
 -- The rows from before the default: numbered a range of pages at a time ($1, $2: the
 -- first and the end ctid of the range), each batch its own transaction, so a row is
--- locked only for the moment its batch takes.
--- idemproxy:step backfill idempotency_requests 256
+-- locked only for the moment its batch takes; the migrator rests between batches, so
+-- the batches' WAL never crowds out the claims' commits.
+-- The number is no part of what a replay answers: migration 0002's trigger need not
+-- announce it, and a NOTIFY in every batch's commit would queue every claim's commit
+-- behind the notification lock. Replica mode keeps this session's row triggers quiet
+-- (it needs a superuser; without one the migrator goes on with them firing).
+-- idemproxy:step backfill idempotency_requests 64
+SET session_replication_role = replica;
 UPDATE idempotency_requests
 SET fencing_token = nextval('idempotency_fencing_tokens')
 WHERE ctid >= $1::tid AND ctid < $2::tid AND fencing_token IS NULL;

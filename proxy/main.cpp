@@ -24,7 +24,7 @@ using app::kExitUsage;
 constexpr const char* kUsage =
     "usage:\n"
     "  idemproxy [serve] --config FILE      run the sidecar (default command)\n"
-    "  idemproxy migrate --config FILE [--plan] [--lock-wait D]\n"
+    "  idemproxy migrate --config FILE [--plan] [--lock-wait D] [--backfill-rest R]\n"
     "                                       apply pending migrations online, then exit;\n"
     "                                       --plan prints each step's locks, changes nothing\n"
     "  idemproxy check-config --config FILE validate; print the effective config (secrets masked)\n"
@@ -80,6 +80,22 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
         return std::nullopt;
       }
       cmd.migrate.lock_wait = *d;
+      ++i;
+      continue;
+    }
+    if (cmd.name == "migrate" && arg == "--backfill-rest") {
+      double rest = -1;
+      try {
+        rest = i + 1 < argc ? std::stod(argv[i + 1]) : -1;
+      } catch (const std::exception&) {
+      }
+      if (!(rest >= 0 && rest <= 100)) {
+        std::cerr << "idemproxy: --backfill-rest needs a number from 0 to 100 (the rest after each "
+                     "backfill batch, as a multiple of the time it took)\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      cmd.migrate.backfill_rest = rest;
       ++i;
       continue;
     }

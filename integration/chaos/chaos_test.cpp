@@ -16,6 +16,7 @@
 #include "idempotency/fingerprint.hpp"
 #include "idempotency/key.hpp"
 #include "link_mode.hpp"
+#include "migrate_log.hpp"
 #include "workload.hpp"
 
 using namespace idem::chaos;
@@ -556,4 +557,26 @@ TEST_CASE("failover report: promotion, the 503 window and the first new order") 
   CHECK(f[1].healed_us == -1);
   CHECK(offset_text(1'000'000, 7'100'000) == "+6.10 s");
   CHECK(offset_text(0, -1) == "-");
+}
+
+TEST_CASE("upgrade: the migrator's timed lines give each step's window") {
+  const std::string out =
+      "2026-12-03T07:32:06.262981Z 0003_fencing_tokens: started (compatible-from 2)\n"
+      "2026-12-03T07:32:06.262983Z 0003_fencing_tokens step 1/5 started: transaction\n"
+      "2026-12-03T07:32:06.263882Z 0003_fencing_tokens step 1/5 done in 0.001 s\n"
+      "2026-12-03T07:32:06.263902Z 0003_fencing_tokens step 2/5 started: backfill idempotency_requests, 256 pages per batch\n"
+      "2026-12-03T07:32:07.000000Z 0003_fencing_tokens step 2/5: sweep 1 done: 10 pages, 3 rows changed (3 in all)\n"
+      "2026-12-03T07:32:08.500000Z 0003_fencing_tokens step 2/5 done in 2.236 s\n"
+      "2026-12-03T07:32:09.000000Z 0006_trace_id step 1/2 started: transaction\n"
+      "applied migration 3\n";
+  const auto steps = parse_migrate_output(out);
+  REQUIRE(steps.size() == 3);
+  CHECK(steps[0].name == "0003_fencing_tokens step 1/5");
+  CHECK(steps[0].what == "transaction");
+  CHECK(steps[0].end_us - steps[0].start_us == 899);
+  CHECK(steps[1].what == "backfill idempotency_requests, 256 pages per batch");
+  CHECK(steps[1].end_us - steps[1].start_us == 2'236'098);
+  CHECK(steps[2].end_us == -1);  // never finished
+  CHECK(parse_rfc3339_us("1970-01-01T00:00:01.000002Z") == 1'000'002);
+  CHECK(parse_rfc3339_us("yesterday") == -1);
 }

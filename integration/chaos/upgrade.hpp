@@ -23,6 +23,7 @@
 
 #include <boost/json/object.hpp>
 
+#include "migrate_log.hpp"
 #include "topology.hpp"
 
 namespace idem::chaos {
@@ -39,14 +40,6 @@ struct UpgradeOptions {
   std::filesystem::path out;
 };
 
-// A migration step as the migrator reported it (wall clock, microseconds since the epoch).
-struct StepWindow {
-  std::string name;  // "0003_fencing_tokens step 2/5"
-  std::string what;  // "backfill idempotency_requests, 256 pages per batch"
-  std::int64_t start_us = 0;
-  std::int64_t end_us = 0;
-};
-std::vector<StepWindow> parse_migrate_output(const std::string& text);
 
 class Upgrade {
  public:

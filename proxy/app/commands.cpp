@@ -226,6 +226,7 @@ int migrate(const std::string& path, const MigrateArgs& args) {
     store::MigrateOptions options;
     options.connect_timeout = db.connect_timeout;
     if (args.lock_wait) options.lock_wait = *args.lock_wait;
+    if (args.backfill_rest) options.backfill_rest = *args.backfill_rest;
     options.release = args.release;
     options.on_event = print_event;
     const auto report = store::apply_migrations(db.url, options);

@@ -18,6 +18,7 @@ int serve(const std::string& config_path, const std::string& version);
 struct MigrateArgs {
   bool plan = false;                      // --plan: print what would be done, change nothing
   std::optional<Millis> lock_wait;        // --lock-wait: per step, default 10m
+  std::optional<double> backfill_rest;    // --backfill-rest: default 1 (as long as the batch)
   std::string release;                    // recorded beside each migration applied
 };
 // Applies pending migrations (or, with --plan, prints them), then exits.

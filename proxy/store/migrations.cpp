@@ -91,9 +91,10 @@ std::string_view to_string(SchemaStatus s) noexcept {
 
 // Ordered checks, each with its reason: a database this binary cannot vouch for
 // (mismatch) before one it could migrate (behind), before one it may serve as is.
-SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied,
-                           const std::vector<EmbeddedMigration>& list) {
-  const auto known = index_known(list);
+namespace {
+
+SchemaCheck compare_with(const std::vector<AppliedMigration>& applied,
+                         const std::map<int, Known>& known) {
   SchemaCheck check;
   check.binary_version = known.empty() ? 0 : known.rbegin()->first;
   std::map<int, bool> seen;
@@ -152,8 +153,17 @@ SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied,
   return check;
 }
 
+}  // namespace
+
+SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied,
+                           const std::vector<EmbeddedMigration>& list) {
+  return compare_with(applied, index_known(list));
+}
+
 SchemaCheck compare_schema(const std::vector<AppliedMigration>& applied) {
-  return compare_schema(applied, embedded_migrations());
+  // Every readiness probe asks: the embedded texts are parsed and hashed once.
+  static const std::map<int, Known> embedded = index_known(embedded_migrations());
+  return compare_with(applied, embedded);
 }
 
 SchemaCheck check_schema(const std::string& conninfo, Millis connect_timeout) {

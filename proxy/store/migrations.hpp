@@ -52,6 +52,10 @@ struct MigrateOptions {
   // How long one step may keep retrying a lock it was not granted within the file's
   // lock_timeout (a long transaction holds a conflicting one) before the run fails.
   Millis lock_wait{600000};
+  // After each backfill batch the migrator rests for this share of the time the batch
+  // took (1.0: as long again), so the batch's WAL and I/O leave room for the claims
+  // committing meanwhile (a claim's commit waits for the WAL flush ahead of it).
+  double backfill_rest = 1.0;
   std::string release;  // recorded beside each migration applied (idemproxy --version)
   std::function<void(const MigrationEvent&)> on_event;
   // The migrations to apply; null: the embedded ones (tests pass their own).

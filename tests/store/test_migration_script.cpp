@@ -3,6 +3,9 @@
 // rule of docs/operations.md is enforced for each future migration.
 #include <doctest/doctest.h>
 
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 #include "store/migration_script.hpp"
@@ -70,6 +73,26 @@ TEST_CASE("every embedded migration parses, and every step of it is online") {
       CHECK(c.lock.online);
     }
   }
+}
+
+TEST_CASE("the upgrade check's test migrations parse and are online; only the incompatible one allows no schema 6") {
+  namespace fs = std::filesystem;
+  int seen = 0;
+  for (const auto& dir : fs::directory_iterator(IDEM_UPGRADE_MIGRATIONS_DIR)) {
+    for (const auto& file : fs::directory_iterator(dir.path())) {
+      std::ifstream in(file.path(), std::ios::binary);
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string sql = text.str();
+      INFO(file.path().string());
+      const auto script = parse_migration(EmbeddedMigration{7, "test", sql});
+      for (const auto& c : classify_script(script)) CHECK(c.lock.online);
+      const bool incompatible = dir.path().filename() == "incompatible";
+      CHECK(script.compatible_from == (incompatible ? 7 : 6));
+      ++seen;
+    }
+  }
+  CHECK(seen == 2);
 }
 
 TEST_CASE("parse_migration: directives, preamble and steps") {

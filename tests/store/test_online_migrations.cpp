@@ -291,3 +291,33 @@ TEST_CASE("online migrations: an INVALID index left by an interrupted build is d
   CHECK(db.scalar("SELECT indisvalid FROM pg_index WHERE indexrelid ="
                   " to_regclass('idempotency_requests_fp_unique')") == "t");
 }
+
+TEST_CASE("online migrations: the fencing-token backfill announces no record change") {
+  test::ScratchDatabase scratch("idem_online_quiet");
+  apply_legacy(scratch.url(), 2);
+  test::Db db(scratch.url());
+  // Completed, unexpired records: migration 0002's trigger announces any change to them.
+  db.exec("INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint,"
+          " state, attempt_token, response_status, response_headers, response_body, created_at,"
+          " completed_at, expires_at) SELECT 't', 'e', 'k' || g, 'f', 'completed', 1, 201, '[]', '\\x',"
+          " now(), now(), now() + interval '1 day' FROM generate_series(1, 2000) g");
+  auto listener = connect_blocking(scratch.url(), kConnect);
+  exec(listener.get(), "LISTEN idemproxy_records");
+  REQUIRE(apply_migrations(scratch.url(), kConnect).applied.size() == 4);
+  CHECK(db.scalar_int("SELECT count(*) FROM idempotency_requests WHERE fencing_token IS NULL") == 0);
+  // A change that matters is still announced (the trigger is there, and fires).
+  db.exec("DELETE FROM idempotency_requests WHERE idempotency_key = 'k1'");
+  int announced = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  bool saw_delete = false;
+  while (!saw_delete && std::chrono::steady_clock::now() < until) {
+    exec(listener.get(), "SELECT 1");  // reads what the server sent meanwhile
+    while (PGnotify* n = PQnotifies(listener.get())) {
+      ++announced;
+      saw_delete = saw_delete || std::string(n->extra) == db.scalar("SELECT idemproxy_operation_id('t', 'e', 'k1')");
+      PQfreemem(n);
+    }
+  }
+  CHECK(saw_delete);
+  CHECK(announced == 1);
+}
