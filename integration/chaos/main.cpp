@@ -64,7 +64,7 @@ fault kinds: kill pause pg-restart-fast pg-restart-immediate backend-kill backen
   --upgrade-from BIN --upgrade-to BIN
                    a rolling upgrade (scripts/upgrade-check): the replicas start on the
                    first release, then the second migrates and replaces them one at a
-                   time; faults default to none, --ops to 200000 (an upper bound: the
+                   time; faults default to none, --ops to 1000000 (an upper bound: the
                    load ends after the roll)
   --from-label T --to-label T   the releases' names in the report
   --prefill N      records written at the old schema before the load (upgrade runs)
@@ -217,7 +217,9 @@ Args parse(int argc, char** argv) {
   if (!a.upgrade_to.empty()) {
     if (a.failovers > 0) throw UsageError("--upgrade-to and --failover do not combine");
     if (!a.faults_given) a.faults = std::get<FaultSet>(parse_faults("none"));
-    if (!a.ops_given) a.ops = 200'000;
+    // An upper bound: the load ends after the roll. A backfill of millions of rows takes
+    // minutes, during which the clients run on.
+    if (!a.ops_given) a.ops = 1'000'000;
   }
   if (!a.seed_given) {
     a.seed = (static_cast<std::uint64_t>(::getpid()) << 20) ^

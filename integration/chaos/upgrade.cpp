@@ -280,11 +280,13 @@ json::object Upgrade::figures(std::vector<std::string>& failures, it::Db& orders
   json::object ready_counts;
   json::object unready_reasons;
   std::size_t none_ready = 0;
+  std::size_t newer_compatible = 0;  // a replica ready on a newer schema that allows it
   for (const auto& s : samples_) {
     const std::string k = std::to_string(s.ready);
     ready_counts[k] = (ready_counts.contains(k) ? ready_counts[k].as_int64() : 0) + 1;
     none_ready += s.ready == 0 ? 1 : 0;
     for (const auto& reason : s.reasons) {
+      newer_compatible += reason == "ready (newer compatible schema)" ? 1 : 0;
       if (reason.starts_with("ready")) continue;
       unready_reasons[reason] = (unready_reasons.contains(reason) ? unready_reasons[reason].as_int64() : 0) + 1;
     }
@@ -302,6 +304,12 @@ json::object Upgrade::figures(std::vector<std::string>& failures, it::Db& orders
       {std::string(kProbeTenant)});
   if (dup > 0) failures.push_back(std::to_string(dup) + " probe keys made more than one order");
   if (migrate_status_ != 0) failures.push_back("migrate exited " + std::to_string(migrate_status_));
+  for (int r = 0; r < Topology::kReplicas; ++r) {
+    if (!upgraded_[r].load()) {
+      failures.push_back("replica " + std::to_string(r) + " was never replaced: the load ended before the roll "
+                         "did (raise --ops)");
+    }
+  }
   if (!roll_error_.empty()) failures.push_back("the roll failed: " + roll_error_);
   json::array phases;
   for (const auto& p : phases_) {
@@ -323,6 +331,7 @@ json::object Upgrade::figures(std::vector<std::string>& failures, it::Db& orders
       {"readiness_samples_by_ready_replicas", std::move(ready_counts)},
       {"readiness_samples_with_no_replica_ready", none_ready},
       {"unready_reasons", std::move(unready_reasons)},
+      {"replica_samples_ready_on_newer_compatible_schema", newer_compatible},
       {"readiness_may_drop", options_.readiness_may_drop},
       {"expect_incompatible", options_.expect_incompatible},
       {"probe_keys_with_two_orders", dup},
@@ -355,7 +364,8 @@ Upgrade::Verdict Upgrade::report(it::Db& orders_db) {
        << " ms; by release and status: " << json::serialize(f.at("claims_by_release_and_status")) << "\n"
        << "  readiness: " << f.at("readiness_samples").as_uint64() << " samples, by replicas ready "
        << json::serialize(f.at("readiness_samples_by_ready_replicas")) << "; unready reasons "
-       << json::serialize(f.at("unready_reasons")) << "\n";
+       << json::serialize(f.at("unready_reasons")) << "; a replica ready on a newer compatible schema in "
+       << f.at("replica_samples_ready_on_newer_compatible_schema").as_uint64() << " replica samples\n";
   if (options_.readiness_may_drop) {
     text << "  (the old release predates the compatibility rule: its readiness may drop once the new "
             "release migrates; counted, not a failure)\n";
