@@ -144,6 +144,10 @@ server::Response replay(const store::StoredResponse& stored, const Gateway::Exch
 // The client's X-Forwarded-For chain with the client's own address appended.
 std::string forwarded_for(const Gateway::Exchange& x);
 
+// The target a replay of `record` re-fetches on this request's route (refetch_target() with
+// the request's Host and the route's replay.hosts); "" when it replays its stored bytes.
+std::string refetch_target_of(const Gateway::Exchange& x, const store::Record& record);
+
 // "Retry-After" seconds for a delay, at least 1.
 std::string retry_after_seconds(Millis d);
 

@@ -536,11 +536,13 @@ std::string_view fenced_answer(Outcome o) {
 
 // --- What the protocol sees of a row -------------------------------------------------------
 
-idempotency::RowView view_of(const store::Record& r) {
+// `has_resource`: the record names a resource this request may re-fetch (replay.mode:
+// refetch), which depends on the retrying request's own Host.
+idempotency::RowView view_of(const store::Record& r, const Gateway::Exchange& x) {
   idempotency::RowView v{r.fingerprint,      r.principal, r.state == store::State::completed,
                          r.attempt,          r.lease_expired, r.expired,
                          r.fence,            r.lease_remaining};
-  v.has_resource = r.response && !refetch_target(r.response->resource_id).empty();
+  v.has_resource = !refetch_target_of(x, r).empty();
   return v;
 }
 
@@ -778,7 +780,7 @@ asio::awaitable<idempotency::Event> Gateway::claim(Exchange& x) {
   if (claimed->row_read) {
     lost.row_read = true;
     x.row = std::move(claimed->row);
-    if (x.row) lost.row = view_of(*x.row);
+    if (x.row) lost.row = view_of(*x.row, x);
   }
   co_return lost;
 }
@@ -787,7 +789,7 @@ asio::awaitable<idempotency::Event> Gateway::read(Exchange& x) {
   auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
   if (!row) co_return idempotency::StoreFailed{};
   x.row = std::move(*row);
-  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row)) : std::nullopt};
+  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row, x)) : std::nullopt};
 }
 
 asio::awaitable<idempotency::Event> Gateway::take_over(Exchange& x, std::int64_t seen_fence) {

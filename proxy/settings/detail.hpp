@@ -53,6 +53,10 @@ bool is_json_number(std::string_view s);
 
 // "host:port" with IPv6 literals in brackets. Throws SyntaxError.
 Endpoint parse_endpoint(std::string_view text);
+// "host" or "host:port" (IPv6 literals in brackets, port 1..65535), as an authority is
+// compared: the host in lower case, IPv6 in brackets, the port as written without leading
+// zeros. Throws SyntaxError.
+std::string parse_authority(std::string_view text);
 // Brackets an IPv6 literal again, so the result parses back with parse_endpoint.
 std::string format_endpoint(const Endpoint& e);
 

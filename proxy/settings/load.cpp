@@ -741,10 +741,22 @@ void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
     r.async = std::move(async);
   }
   if (auto v = m.get("replay")) {
-    Map p(L, *v, {"mode"});
+    Map p(L, *v, {"mode", "hosts"});
     if (auto mode = p.get("mode")) {
       r.replay_mode = L.choice<ReplayMode>(
           *mode, {{"stored", ReplayMode::stored}, {"refetch", ReplayMode::refetch}});
+    }
+    if (auto hosts = p.get("hosts")) {
+      // Hosts to follow mean nothing to stored replays: a list there would read as a
+      // re-fetch that never happens.
+      if (r.replay_mode != ReplayMode::refetch) L.fail(*hosts, "replay.hosts needs replay.mode: refetch");
+      for (const auto& h : L.list(*hosts)) {
+        auto authority = L.with_syntax(h, [&] { return detail::parse_authority(L.text(h)); });
+        if (std::find(r.refetch_hosts.begin(), r.refetch_hosts.end(), authority) != r.refetch_hosts.end()) {
+          L.fail(h, "'" + authority + "' is listed twice");
+        }
+        r.refetch_hosts.push_back(std::move(authority));
+      }
     }
   }
   if (auto v = m.get("on_unknown_outcome")) {

@@ -489,6 +489,8 @@ void render_route(YamlOut& y, const RouteSettings& r) {
   }
   y.section(4, "replay");
   y.line(6, "mode", r.replay_mode == ReplayMode::refetch ? "refetch" : "stored");
+  // Written only where the loader accepts it (refetch).
+  if (r.replay_mode == ReplayMode::refetch) y.line(6, "hosts", flow_list(r.refetch_hosts));
   y.line(4, "on_unknown_outcome",
          r.on_unknown_outcome == UnknownOutcome::reconcile ? "reconcile" : "retake");
   if (r.on_unknown_outcome == UnknownOutcome::reconcile) {

@@ -228,6 +228,10 @@ struct RouteSettings {
   Completion completion = Completion::sidecar;
   std::optional<AsyncSettings> async;  // absent: answers wait for the upstream
   ReplayMode replay_mode = ReplayMode::stored;
+  // replay.hosts (refetch only): authorities ("host" or "host:port", lower case) besides the
+  // retrying request's own Host whose absolute Location a replay re-fetches. Any other
+  // absolute Location is replayed from its stored bytes.
+  std::vector<std::string> refetch_hosts;
   UnknownOutcome on_unknown_outcome = UnknownOutcome::retake;
   ReconcileSettings reconcile;  // with on_unknown_outcome: reconcile
   // Line of the route's fingerprint section (or of the route) in the file, so errors found

@@ -346,6 +346,18 @@ Endpoint parse_endpoint(std::string_view text) {
   return Endpoint{std::move(hp.host), parse_port(*hp.port, 0)};
 }
 
+std::string parse_authority(std::string_view text) {
+  if (text.empty()) throw SyntaxError("empty host: expected host or host:port");
+  if (text.find_first_of("/?#@") != std::string_view::npos || text.find("://") != std::string_view::npos) {
+    throw SyntaxError("'" + std::string(text) + "' is not a host or host:port (no scheme, path or user information)");
+  }
+  auto hp = split_host_port(text);
+  std::string out = text::lowercase(hp.host);
+  if (out.find(':') != std::string::npos) out = "[" + out + "]";
+  if (hp.port) out += ":" + std::to_string(parse_port(*hp.port, 1));
+  return out;
+}
+
 std::string format_endpoint(const Endpoint& e) {
   const bool v6 = e.host.find(':') != std::string::npos;
   return (v6 ? "[" + e.host + "]" : e.host) + ":" + std::to_string(e.port);

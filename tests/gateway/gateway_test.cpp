@@ -1381,6 +1381,64 @@ TEST_CASE("refetch: a record without a Location replays its stored bytes") {
 
 namespace {
 
+// The create answers 201 with `location` as its Location.
+void create_at(ScriptedUpstream& up, std::string location) {
+  up.scripts.push_back([location](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set(http::field::location, location);
+    co_return out;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("refetch: an absolute Location on another host replays the stored bytes; nothing is fetched") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  create_at(f.upstream, "http://other.example/orders/ord-1");
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  REQUIRE(f.row("k1")->response->resource_id == "http://other.example/orders/ord-1");
+
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(f.upstream.calls.size() == 1);  // the backend saw the create only: no GET of /orders/ord-1
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay["Idempotent-Replay-Body"].empty());  // the stored body, not a current one
+  CHECK(replay[http::field::location] == "http://other.example/orders/ord-1");
+  CHECK(replay.body() == first.body());
+  CHECK(f.metrics.refetches("fetched") == 0);
+  CHECK(f.metrics.refetches("failed") == 0);
+}
+
+TEST_CASE("refetch: an absolute Location on the request's own host, or a listed one, is re-fetched by its path") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  std::string location;
+  SUBCASE("the request's Host") { location = "http://SIDECAR/orders/ord-1?view=full"; }
+  SUBCASE("a host of replay.hosts") {
+    f.route().refetch_hosts = {"orders.example:8443"};
+    location = "https://orders.example:8443/orders/ord-1?view=full";
+  }
+  create_at(f.upstream, location);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  answer_with(f.upstream, 200, R"({"order_id":"ord-1","status":"shipped"})");
+  auto replay = f.call(Fixture::order("k1", kBody));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& fetch = f.upstream.calls[1];
+  CHECK(fetch.method() == http::verb::get);
+  CHECK(fetch.target() == "/orders/ord-1?view=full");
+  CHECK(fetch.body().empty());
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replay-Body"] == "current");
+  CHECK(replay[http::field::location] == location);
+  CHECK(replay.body() == R"({"order_id":"ord-1","status":"shipped"})");
+  CHECK(f.metrics.refetches("fetched") == 1);
+}
+
+namespace {
+
 void use_reconcile(Fixture& f) {
   f.route().on_unknown_outcome = settings::UnknownOutcome::reconcile;
   f.route().reconcile.method = "GET";

@@ -103,6 +103,7 @@ void check_same(const Settings& a, const Settings& b) {
       CHECK(x.async->status_path == y.async->status_path);
     }
     CHECK(x.replay_mode == y.replay_mode);
+    CHECK(x.refetch_hosts == y.refetch_hosts);
     CHECK(x.on_unknown_outcome == y.on_unknown_outcome);
     CHECK(x.reconcile.method == y.reconcile.method);
     CHECK(x.reconcile.path == y.reconcile.path);
@@ -173,7 +174,7 @@ routes:
     replay_headers: [Content-Type]
     max_stored_body: 0
     async: {after: 1500ms, status_path: "/operations/{operation_id}/status"}
-    replay: {mode: refetch}
+    replay: {mode: refetch, hosts: ["Orders.Example", "api.example:08443", "[::1]:9000"]}
     on_unknown_outcome: reconcile
     reconcile: {method: post, path: "/orders/lookup/{operation_id}"}
   - name: tenant-orders
@@ -280,6 +281,8 @@ TEST_CASE("render_effective round-trips") {
   REQUIRE(first->routes[0].async.has_value());
   CHECK(first->routes[0].async->after == Millis{1500});
   CHECK(first->routes[0].replay_mode == ReplayMode::refetch);
+  CHECK(first->routes[0].refetch_hosts ==
+        std::vector<std::string>{"orders.example", "api.example:8443", "[::1]:9000"});
   CHECK(first->routes[0].on_unknown_outcome == UnknownOutcome::reconcile);
   CHECK(first->routes[0].reconcile.method == "POST");
   CHECK_FALSE(first->routes[1].async.has_value());
