@@ -12,6 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "gateway/gateway.hpp"
+#include "idempotency/body.hpp"
 #include "observability/metrics.hpp"
 #include "observability/tracing.hpp"
 
@@ -30,6 +31,10 @@ struct Gateway::Exchange {
   std::string query;
 
   std::string tenant;
+  // The body as the route's format reads it, once (idempotency/body.hpp): what a body key is
+  // read from and what the fingerprint hashes. Read before the body is forwarded (which
+  // moves it away), and never after.
+  std::optional<idempotency::BodyParse> body;
   std::string key;
   std::string fingerprint;
   std::string principal;

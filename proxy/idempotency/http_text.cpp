@@ -60,6 +60,49 @@ bool is_json_media_type(std::string_view content_type) noexcept {
   return iequals(subtype, "json") || (subtype.size() > 5 && text::iends_with(subtype, "+json"));
 }
 
+namespace {
+
+// The query's parameters as canonical_query reads them: split on '&', empty parts dropped,
+// name and value split at the first '=', each form-decoded. `malformed` (when asked for)
+// says, per parameter, whether its raw value has a '%' that starts no valid escape.
+std::vector<std::pair<std::string, std::string>> query_params(std::string_view raw,
+                                                               std::vector<bool>* malformed = nullptr) {
+  std::vector<std::pair<std::string, std::string>> params;
+  std::size_t pos = 0;
+  while (pos <= raw.size()) {
+    std::size_t amp = raw.find('&', pos);
+    if (amp == std::string_view::npos) amp = raw.size();
+    const std::string_view part = raw.substr(pos, amp - pos);
+    pos = amp + 1;
+    if (part.empty()) continue;
+    const std::size_t eq = part.find('=');
+    const std::string_view value = eq == std::string_view::npos ? std::string_view() : part.substr(eq + 1);
+    params.emplace_back(form_decode(part.substr(0, eq)), form_decode(value));
+    if (malformed != nullptr) {
+      bool bad = false;
+      for (std::size_t i = 0; i < value.size() && !bad; ++i) {
+        bad = value[i] == '%' && text::percent_byte(value, i) < 0;
+      }
+      malformed->push_back(bad);
+    }
+  }
+  return params;
+}
+
+std::string join_canonical(std::vector<std::pair<std::string, std::string>> params) {
+  std::sort(params.begin(), params.end());
+  std::string out;
+  for (const auto& [name, value] : params) {
+    if (!out.empty()) out.push_back('&');
+    append_uri_component(out, name);
+    out.push_back('=');
+    append_uri_component(out, value);
+  }
+  return out;
+}
+
+}  // namespace
+
 // Canonical query string. Rules, chosen so that spellings a form-decoding backend reads
 // identically collapse, and nothing it reads differently does:
 //   - split on '&', drop empty parts (a&&b == a&b, trailing '&' ignored);
@@ -73,29 +116,22 @@ bool is_json_media_type(std::string_view content_type) noexcept {
 // a=1&a=2: a backend that treats repeated parameters as an ordered list would see a
 // difference we do not. That trade-off is accepted because the usual query on a
 // mutating route is a flag set, where order is noise.
-std::string canonical_query(std::string_view raw) {
-  std::vector<std::pair<std::string, std::string>> params;
-  std::size_t pos = 0;
-  while (pos <= raw.size()) {
-    std::size_t amp = raw.find('&', pos);
-    if (amp == std::string_view::npos) amp = raw.size();
-    const std::string_view part = raw.substr(pos, amp - pos);
-    pos = amp + 1;
-    if (part.empty()) continue;
-    const std::size_t eq = part.find('=');
-    if (eq == std::string_view::npos) {
-      params.emplace_back(form_decode(part), std::string());
-    } else {
-      params.emplace_back(form_decode(part.substr(0, eq)), form_decode(part.substr(eq + 1)));
-    }
-  }
-  std::sort(params.begin(), params.end());
-  std::string out;
-  for (const auto& [name, value] : params) {
-    if (!out.empty()) out.push_back('&');
-    append_uri_component(out, name);
-    out.push_back('=');
-    append_uri_component(out, value);
+std::string canonical_query(std::string_view raw) { return join_canonical(query_params(raw)); }
+
+std::string canonical_query(std::string_view raw, std::string_view excluded) {
+  auto params = query_params(raw);
+  std::erase_if(params, [&](const auto& p) { return p.first == excluded; });
+  return join_canonical(std::move(params));
+}
+
+QueryValues query_values(std::string_view raw, std::string_view name) {
+  std::vector<bool> malformed;
+  QueryValues out;
+  auto params = query_params(raw, &malformed);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (params[i].first != name) continue;
+    out.values.push_back(std::move(params[i].second));
+    out.malformed = out.malformed || malformed[i];
   }
   return out;
 }

@@ -6,7 +6,10 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
 #include "common/text.hpp"
+#include "idempotency/json.hpp"
 
 namespace idem::idempotency::detail {
 
@@ -32,6 +35,31 @@ bool is_json_media_type(std::string_view content_type) noexcept;
 
 // Canonical form of a raw query string (without '?'); see query.cpp for the rules.
 std::string canonical_query(std::string_view raw);
+
+// RFC 6901 JSON Pointer into its unescaped segments ("" is the whole document: no
+// segment); nullopt with *why set when it is not one.
+std::optional<std::vector<std::string>> parse_pointer(std::string_view text, std::string* why);
+
+// The value a pointer's segments name in `root` (an object member, or an array element by
+// its RFC 6901 index: "0" or digits without a leading zero; "-" names none), or nullptr.
+// No wildcard: '*' is a member name here.
+const Json* find_pointer(const Json& root, const std::vector<std::string>& segments);
+// One step of find_pointer.
+const Json* child_of(const Json& node, const std::string& segment);
+
+// Canonical query (canonical_query) without the parameters whose decoded name is
+// `excluded` (the idempotency key, on key.from: query routes: the key is never part of the
+// operation).
+std::string canonical_query(std::string_view raw, std::string_view excluded);
+
+// Decoded values of the query parameters named `name` (names and values form-decoded as
+// canonical_query reads them, so the two agree on which parameters these are), in order.
+// `malformed` is set when one of them has a '%' that starts no valid escape.
+struct QueryValues {
+  std::vector<std::string> values;
+  bool malformed = false;
+};
+QueryValues query_values(std::string_view raw, std::string_view name);
 
 // Trim HTTP optional whitespace (SP, HTAB) from both ends.
 using text::trim_ows;

@@ -48,6 +48,9 @@ std::optional<std::int64_t> parse_int(std::string_view text);
 bool is_token(std::string_view s);
 // RFC 6901 pointer: "" or '/'-separated segments whose '~' is followed by '0' or '1'.
 bool is_json_pointer(std::string_view s);
+// Where key.pointer may point: a JSON Pointer naming one member (not "", no "*" segment),
+// or a form field path ("key", "meta[key]": a name and bracketed names, none empty).
+bool is_key_pointer(std::string_view s);
 // The JSON number grammar of RFC 8259, nothing more (no '+', no leading '.', no hex).
 bool is_json_number(std::string_view s);
 

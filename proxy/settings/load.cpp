@@ -635,14 +635,34 @@ void parse_encryption(const Loader& L, const Item& it, EncryptionSettings& e) {
   if (auto v = m.get("allow_clear_backend_records")) e.allow_clear_backend_records = L.boolean(*v);
 }
 
-// Returns the line of key.header, for the cross-check against the tenant headers.
+// Returns the line of key.header, for the cross-check against the tenant headers. Whether
+// key.pointer suits the body's format is checked when the route is compiled.
 int parse_key(const Loader& L, const Item& it, KeySettings& k) {
-  Map m(L, it, {"header", "required", "max_length"});
+  Map m(L, it, {"from", "header", "pointer", "param", "required", "max_length"});
   int header_line = it.line;
+  if (auto v = m.get("from")) {
+    k.from = L.choice<KeySource>(
+        *v, {{"header", KeySource::header}, {"body", KeySource::body}, {"query", KeySource::query}});
+  }
   if (auto v = m.get("header")) {
     k.header = L.token(*v, "header name");
     header_line = v->line;
   }
+  // Each source has its own address, and only that one: a pointer on a query route (or a
+  // param on a body route) would read as a second place the key may come from.
+  const auto pointer = m.get("pointer");
+  const auto param = m.get("param");
+  if (pointer && k.from != KeySource::body) L.fail(*pointer, "key.pointer is only used with key.from: body");
+  if (param && k.from != KeySource::query) L.fail(*param, "key.param is only used with key.from: query");
+  if (k.from == KeySource::body) {
+    const auto v = pointer ? *pointer : m.required("pointer");
+    k.pointer = L.word(v);
+    if (!detail::is_key_pointer(k.pointer)) {
+      L.fail(v, "'" + k.pointer + "' is neither a JSON Pointer to a member (\"/idempotency_key\", "
+                "no '*' segment) nor a form field path (\"idempotency_key\", \"meta[key]\")");
+    }
+  }
+  if (k.from == KeySource::query) k.param = L.word(param ? *param : m.required("param"));
   if (auto v = m.get("required")) k.required = L.boolean(*v);
   if (auto v = m.get("max_length")) k.max_length = static_cast<std::size_t>(L.integer(*v, 1, 1024));
   return header_line;

@@ -463,7 +463,13 @@ void render_route(YamlOut& y, const RouteSettings& r) {
   y.line(4, "path", yaml_quote(r.path));
   y.line(4, "scope", yaml_quote(r.scope));
   y.section(4, "key");
+  y.line(6, "from", r.key.from == KeySource::body    ? "body"
+                    : r.key.from == KeySource::query ? "query"
+                                                     : "header");
   y.line(6, "header", yaml_quote(r.key.header));
+  // Written only where the loader accepts them.
+  if (r.key.from == KeySource::body) y.line(6, "pointer", yaml_quote(r.key.pointer));
+  if (r.key.from == KeySource::query) y.line(6, "param", yaml_quote(r.key.param));
   y.line(6, "required", yes_no(r.key.required));
   y.line(6, "max_length", std::to_string(r.key.max_length));
   render_fingerprint(y, r.fingerprint);

@@ -157,8 +157,18 @@ struct EncryptionSettings {
 
 enum class Unmatched { pass, reject };
 
+// Where a request carries its idempotency key (docs/configuration.md, §4.3): the key header
+// (the IETF draft's way), a member of the body (Square's "idempotency_key"), or a query
+// parameter (AWS's ClientToken).
+enum class KeySource { header, body, query };
+
 struct KeySettings {
+  KeySource from = KeySource::header;
+  // from: header, the field that carries the key; from: body or query, the field a client
+  // must not also (or instead) send a key in.
   std::string header = "Idempotency-Key";
+  std::string pointer;  // from: body: the member's JSON Pointer (or a form field path)
+  std::string param;    // from: query: the parameter's name, as it reads decoded
   bool required = true;
   std::size_t max_length = 255;
 };

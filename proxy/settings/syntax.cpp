@@ -312,6 +312,31 @@ bool is_json_pointer(std::string_view s) {
   return true;
 }
 
+bool is_key_pointer(std::string_view s) {
+  if (s.empty()) return false;
+  if (s.front() == '/') {
+    if (!is_json_pointer(s)) return false;
+    // "*" means every element of an array: a key is one value, never a list of them.
+    for (std::size_t at = 0; at != std::string_view::npos;) {
+      const auto next = s.find('/', at + 1);
+      if (s.substr(at + 1, next == std::string_view::npos ? next : next - at - 1) == "*") return false;
+      at = next;
+    }
+    return true;
+  }
+  // A form field path: name[a][b], no group empty ("[]" appends, so it names no one value).
+  const auto open = s.find('[');
+  if (open == 0 || s.substr(0, open).find(']') != std::string_view::npos) return false;
+  for (std::size_t i = open; i < s.size();) {
+    if (s[i] != '[') return false;
+    const auto close = s.find(']', i);
+    if (close == std::string_view::npos || close == i + 1) return false;
+    if (s.substr(i + 1, close - i - 1).find('[') != std::string_view::npos) return false;
+    i = close + 1;
+  }
+  return true;
+}
+
 bool is_json_number(std::string_view s) {
   std::size_t i = 0;
   const auto digits = [&] {

@@ -634,3 +634,78 @@ TEST_CASE("operation_id, log_hash, sha256_hex") {
   CHECK(id.find(lh) == std::string::npos);
   CHECK(sha256_hex("t1k1").substr(0, 12) != lh);
 }
+
+namespace {
+
+idem::settings::KeySettings body_key(std::string pointer) {
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::body;
+  k.pointer = std::move(pointer);
+  return k;
+}
+
+idem::settings::KeySettings query_key(std::string param) {
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::query;
+  k.param = std::move(param);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("fingerprint: the member carrying the key is never part of the operation") {
+  // Whole body: the key member goes, everything else counts.
+  const auto whole = FingerprintSpec::compile(FingerprintSettings{}, body_key("/idempotency_key"));
+  const auto a = fp(whole, body(R"({"idempotency_key":"k-1","amount":10})"));
+  CHECK(fp(whole, body(R"({"amount":10,"idempotency_key":"k-2"})")) == a);
+  CHECK(fp(whole, body(R"({"amount":10})")) == a);
+  CHECK(fp(whole, body(R"({"idempotency_key":"k-1","amount":11})")) != a);
+  CHECK(selected(whole, body(R"({"idempotency_key":"k-1","amount":10})")) == R"({"amount":10})");
+  // Nested, and beside fields that do not include it.
+  auto fields = order_settings();
+  const auto nested = FingerprintSpec::compile(fields, body_key("/meta/key"));
+  CHECK(selected(nested, body(R"({"customer_id":"c","meta":{"key":"x"}})")) ==
+        selected(nested, body(R"({"customer_id":"c","meta":{"key":"y"}})")));
+  // Without a body key, the same member is data like any other.
+  const auto plain = FingerprintSpec::compile(FingerprintSettings{});
+  CHECK(fp(plain, body(R"({"idempotency_key":"k-1","amount":10})")) !=
+        fp(plain, body(R"({"idempotency_key":"k-2","amount":10})")));
+  // The layout is the one pinned above: a route without a body key keeps its fingerprints.
+  CHECK(fp(whole, body(R"({"amount":10})")) == fp(plain, body(R"({"amount":10})")));
+}
+
+TEST_CASE("fingerprint: the query parameter carrying the key is never part of the operation") {
+  FingerprintSettings on;
+  on.query = true;
+  const auto spec = FingerprintSpec::compile(on, query_key("ClientToken"));
+  auto q = [](std::string query) {
+    Req r;
+    r.query = std::move(query);
+    return r;
+  };
+  const auto f = fp(spec, q("ClientToken=t-1&dry=1"));
+  CHECK(fp(spec, q("dry=1&ClientToken=t-2")) == f);
+  CHECK(fp(spec, q("dry=1&Client%54oken=t-3")) == f);  // the name as it reads decoded
+  CHECK(fp(spec, q("dry=1")) == f);
+  CHECK(fp(spec, q("ClientToken=t-1&dry=2")) != f);
+  CHECK(fp(spec, q("clienttoken=t-1&dry=1")) != f);  // another parameter: names are exact
+  CHECK(detail::canonical_query("ClientToken=t&b=2&a=1", "ClientToken") == "a=1&b=2");
+}
+
+TEST_CASE("FingerprintSpec::compile refuses a field that holds the body key") {
+  auto s = order_settings();
+  s.fields->push_back("/idempotency_key");
+  CHECK_THROWS_WITH_AS(FingerprintSpec::compile(s, body_key("/idempotency_key")),
+                       doctest::Contains("holds the idempotency key"), std::invalid_argument);
+  FingerprintSettings below;
+  below.fields = std::vector<std::string>{"/meta/key/part"};
+  CHECK_THROWS_AS(FingerprintSpec::compile(below, body_key("/meta/key")), std::invalid_argument);
+  // A field around the key member selects the rest of it.
+  FingerprintSettings parent;
+  parent.fields = std::vector<std::string>{"/meta"};
+  const auto around = FingerprintSpec::compile(parent, body_key("/meta/key"));
+  CHECK(selected(around, body(R"({"meta":{"key":"k","src":"app"}})")) == R"({"/meta":{"src":"app"}})");
+  FingerprintSettings sibling;
+  sibling.fields = std::vector<std::string>{"/meta/other"};
+  CHECK_NOTHROW(FingerprintSpec::compile(sibling, body_key("/meta/key")));
+}

@@ -467,3 +467,39 @@ TEST_CASE("replay_cache: switch, byte budget and ttl") {
   CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  enabled: maybe\n", 6, "replay_cache.enabled", "");
   CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  size: 1MiB\n", 6, "replay_cache.size", "");
 }
+
+TEST_CASE("key.from: header (default), body with key.pointer, query with key.param") {
+  const std::string routes = "routes:\n"
+                             "  - {name: h, method: POST, path: /h}\n"
+                             "  - name: b\n"
+                             "    method: POST\n"
+                             "    path: /b\n"
+                             "    key: {from: body, pointer: /idempotency_key}\n"
+                             "  - name: q\n"
+                             "    method: POST\n"
+                             "    path: /q\n"
+                             "    key: {from: query, param: ClientToken, header: X-Client-Token}\n";
+  const auto s = load(kMinimal + routes);
+  REQUIRE(s->routes.size() == 3);
+  CHECK(s->routes[0].key.from == KeySource::header);
+  CHECK(s->routes[0].key.pointer.empty());
+  CHECK(s->routes[1].key.from == KeySource::body);
+  CHECK(s->routes[1].key.pointer == "/idempotency_key");
+  CHECK(s->routes[1].key.header == "Idempotency-Key");
+  CHECK(s->routes[2].key.from == KeySource::query);
+  CHECK(s->routes[2].key.param == "ClientToken");
+  CHECK(s->routes[2].key.header == "X-Client-Token");
+
+  const std::string r = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n";  // key at line 9
+  CHECK_CONFIG_ERROR(r + "    key: {from: form}\n", 9, "routes[0].key.from", "header | body | query");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body}\n", 9, "routes[0].key.pointer", "missing required key 'pointer'");
+  CHECK_CONFIG_ERROR(r + "    key: {from: query}\n", 9, "routes[0].key.param", "missing required key 'param'");
+  CHECK_CONFIG_ERROR(r + "    key: {pointer: /k}\n", 9, "routes[0].key.pointer", "only used with key.from: body");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: /k, param: k}\n", 9, "routes[0].key.param",
+                     "only used with key.from: query");
+  CHECK_CONFIG_ERROR(r + "    key: {from: query, param: \"\"}\n", 9, "routes[0].key.param", "must not be empty");
+  for (const char* bad : {"\"\"", "/items/*/key", "\"/a~2\"", "\"k[]\"", "\"[k]\"", "\"k[a]b\"", "\"k[a\""}) {
+    INFO(bad);
+    CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: " + bad + "}\n", 9, "routes[0].key.pointer", "");
+  }
+}

@@ -74,7 +74,10 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.method == y.method);
     CHECK(x.path == y.path);
     CHECK(x.scope == y.scope);
+    CHECK(x.key.from == y.key.from);
     CHECK(x.key.header == y.key.header);
+    CHECK(x.key.pointer == y.key.pointer);
+    CHECK(x.key.param == y.key.param);
     CHECK(x.key.required == y.key.required);
     CHECK(x.key.max_length == y.key.max_length);
     CHECK(x.fingerprint.version == y.fingerprint.version);
@@ -183,6 +186,15 @@ routes:
     scope: "orders:put"
     key: {header: X-Request-Key, required: false, max_length: 64}
     replay_headers: []
+  - name: square-orders
+    method: POST
+    path: /v2/orders
+    key: {from: body, pointer: "/idempotency_key", max_length: 45}
+  - name: aws-orders
+    method: POST
+    path: /v1/orders
+    key: {from: query, param: "Client Token$$", header: X-Amz-Token}
+    fingerprint: {query: true}
 )";
 
 }  // namespace
@@ -255,7 +267,7 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
            "  idle_timeout: 75s\n", "  max_connections: 10000\n", "  drain_timeout: 30s\n", "  listen: \"127.0.0.1:9901\"\n",
            "  level: info\n", "  format: json\n", "  interval: 1m\n", "  batch: 1000\n", "unmatched: pass\n",
            "  - name: \"r\"\n", "    method: \"POST\"\n", "    path: \"/orders\"\n", "    scope: \"POST /orders\"\n",
-           "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",
+           "      from: header\n", "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",
            "      version: \"1\"\n", "      # fields: not set", "      ignore: []\n", "      defaults: {}\n",
            "      headers: []\n", "      query: false\n", "    retention: 1d\n", "    lease: 30s\n",
            "    wait: 5s\n", "    retry_after: 1s\n", "    mismatch_status: 409\n",
@@ -269,7 +281,9 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
 
 TEST_CASE("render_effective round-trips") {
   const auto first = load(kRich);
-  REQUIRE(first->routes.size() == 2);
+  REQUIRE(first->routes.size() == 4);
+  CHECK(first->routes[2].key.from == KeySource::body);
+  CHECK(first->routes[3].key.param == "Client Token$");
   // Spot checks that kRich exercises what it claims to.
   const auto& fp = first->routes[0].fingerprint;
   CHECK(fp.version == "v2 \"quoted\" $1");
