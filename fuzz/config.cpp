@@ -78,7 +78,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   for (const auto& route : s->routes) {
     try {
-      (void)idem::idempotency::KeySpec::compile(route.key);
+      (void)idem::idempotency::KeySpec::compile(route.key, route.fingerprint.format);
       (void)idem::idempotency::FingerprintSpec::compile(route.fingerprint, route.key);
     } catch (const std::invalid_argument& e) {
       if (std::getenv("IDEM_FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "refused route: %s\n", e.what());

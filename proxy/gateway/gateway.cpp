@@ -568,7 +568,7 @@ const idempotency::BodyParse& read_body(Gateway::Exchange& x) {
     if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end()) {
       content_type = std::string_view(ct->value());
     }
-    x.body = idempotency::parse_body(content_type, x.request.body());
+    x.body = idempotency::parse_body(x.route->fingerprint.body(), content_type, x.request.body());
   }
   return *x.body;
 }

@@ -120,7 +120,7 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
     for (const auto& h : route.fingerprint.headers) add_decided(rt->decided_headers_, h);
     const std::string at = "routes[" + std::to_string(i) + "]";
     try {
-      compiled.key = idempotency::KeySpec::compile(route.key);
+      compiled.key = idempotency::KeySpec::compile(route.key, route.fingerprint.format);
     } catch (const std::invalid_argument& e) {
       throw settings::ConfigError(rt->settings_->source_file, route.source_line, at + ".key", e.what());
     }

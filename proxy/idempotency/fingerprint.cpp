@@ -215,6 +215,31 @@ Json selection(const FingerprintSpec& spec, Json body) {
   return Json(Json::Value(std::move(out)));
 }
 
+// What a form's tree can hold (form.hpp): strings, null, objects and arrays of them.
+bool form_typed(const Json& v) {
+  if (const auto* a = v.as_array()) return std::all_of(a->begin(), a->end(), form_typed);
+  if (const auto* o = v.as_object()) {
+    return std::all_of(o->begin(), o->end(), [](const auto& m) { return form_typed(m.second); });
+  }
+  return v.is_null() || std::holds_alternative<std::string>(v.value());
+}
+
+// The settings loader refuses these already; compile() is also called on hand-built settings.
+void check_format(const settings::FingerprintSettings& s, const settings::KeySettings& key) {
+  if (s.format == settings::BodyFormat::raw) {
+    if (s.fields || !s.ignore.empty() || !s.defaults.empty()) {
+      throw std::invalid_argument("fingerprint.format: raw hashes the exact bytes: fields, ignore and "
+                                  "defaults have no members to select");
+    }
+    if (key.from == settings::KeySource::body) {
+      throw std::invalid_argument("key.from: body needs a body with members; fingerprint.format: raw has none");
+    }
+  }
+  if (!s.media_types.empty() && s.format != settings::BodyFormat::raw) {
+    throw std::invalid_argument("fingerprint.media_types needs fingerprint.format: raw");
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------- compile
@@ -222,13 +247,17 @@ Json selection(const FingerprintSpec& spec, Json body) {
 FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s,
                                          const settings::KeySettings& key) {
   FingerprintSpec spec;
+  spec.body_.format = s.format;
+  spec.body_.media_types = s.media_types;
+  spec.body_.repeated_as_list = s.repeated_names == settings::RepeatedNames::list;
   spec.version_ = s.version;
   std::string why;
+  check_format(s, key);
   if (key.from == settings::KeySource::query) spec.query_key_ = key.param;
   if (key.from == settings::KeySource::body) {
     // The member carrying the key is left out of the hash; as a field it would be hashed as
     // null forever, which is the ignore-a-field mistake below.
-    auto member = key_member_segments(key.pointer);
+    auto member = key_member_segments(key.pointer, s.format);
     if (s.fields) {
       for (const auto& text : *s.fields) {
         auto f = parse_pointer(text, &why);
@@ -288,6 +317,12 @@ FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s,
     }
     auto value = parse_json(value_text, &why);
     if (!value) config_error("defaults", text, "value is not valid JSON (" + why + ")");
+    // A form holds strings (and null, objects, arrays): a number could never equal what a
+    // client sends, so the default would never stand for an omitted member.
+    if (s.format == settings::BodyFormat::form && !form_typed(*value)) {
+      config_error("defaults", text, "a form body holds strings only: write the default as a string "
+                                     "(e.g. \"5\", \"true\")");
+    }
     spec.defaults_.emplace_back(std::move(*p), std::move(*value));
   }
   // Parents before children (see the body model above); ties keep the map's text order.
@@ -315,7 +350,7 @@ FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s,
 
 std::optional<std::string> canonical_form(const FingerprintSpec& spec, const RequestParts& request,
                                           FingerprintResult* failure) {
-  auto parsed = parse_body(request.content_type, request.body);
+  auto parsed = parse_body(spec.body(), request.content_type, request.body);
   if (parsed.status != BodyStatus::ok) {
     if (failure != nullptr) {
       failure->status = parsed.status;
@@ -333,8 +368,23 @@ std::string canonical_form(const FingerprintSpec& spec, const RequestParts& requ
   put(out, FingerprintAccess::version(spec));
   put(out, request.method);
   put(out, request.scope);
-  put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
-  put(out, canonical_text(selection(spec, body.model)));
+  // The selection mode, tagged by format: a form's model is hashed in a domain of its own
+  // (the JSON layout stays as pinned); a raw body by its media type and bytes.
+  switch (body.format) {
+    case settings::BodyFormat::json:
+      put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
+      put(out, canonical_text(selection(spec, body.model)));
+      break;
+    case settings::BodyFormat::form:
+      put(out, FingerprintAccess::fields(spec) ? "form:fields" : "form:body");
+      put(out, canonical_text(selection(spec, body.model)));
+      break;
+    case settings::BodyFormat::raw:
+      put(out, "raw");
+      put(out, body.media_type ? std::string_view(*body.media_type) : std::string_view("-"));
+      put(out, body.digest);
+      break;
+  }
 
   // Sorted by lower-case name so reordering the configured list (or its spelling of
   // case) does not change fingerprints; names are case-insensitive in HTTP.

@@ -21,6 +21,8 @@ class FingerprintSpec {
   static FingerprintSpec compile(const settings::FingerprintSettings& s,
                                  const settings::KeySettings& key = {});
 
+  // How the route's body is read (parse_body()).
+  const BodySpec& body() const noexcept { return body_; }
   const std::vector<std::string>& header_names() const noexcept { return header_names_; }
   bool include_query() const noexcept { return query_; }
 
@@ -31,6 +33,7 @@ class FingerprintSpec {
 
  private:
   friend struct FingerprintAccess;
+  BodySpec body_;
   std::string version_;
   std::optional<std::vector<Pointer>> fields_;  // nullopt: whole body
   std::vector<Pointer> ignore_;
@@ -64,9 +67,7 @@ struct FingerprintResult {
 // the key reader saw too); `request.content_type` and `request.body` are not read again.
 std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, const Body& body);
 
-// The same from the raw parts: the body is read here (an empty body fingerprints as JSON
-// null whatever its Content-Type; a non-empty one needs application/json or
-// application/*+json, parameters allowed, and valid JSON).
+// The same from the raw parts: the body is read here, by spec.body() (body.hpp).
 FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& request);
 
 // The canonical bytes that are hashed (exposed so tests can show what is covered).

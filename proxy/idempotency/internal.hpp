@@ -26,12 +26,31 @@ std::optional<std::string> canonical_number(std::string_view lexeme);
 // total over arbitrary byte strings.
 bool utf16_less(std::string_view a, std::string_view b) noexcept;
 
+// Strictly valid UTF-8 (Unicode Table 3-7: no overlongs, no surrogates, at most U+10FFFF).
+bool is_valid_utf8(std::string_view s) noexcept;
+
 // Appends `s` as a canonical JSON string literal (quotes included).
 void append_json_string(std::string& out, std::string_view s);
 
 // True for application/json and application/<anything>+json, case-insensitive,
 // parameters ignored. Surrounding whitespace is tolerated.
 bool is_json_media_type(std::string_view content_type) noexcept;
+
+// The type/subtype of a Content-Type value in lower case ("" when it has none), read as
+// leniently as is_json_media_type: parameters are not looked at.
+std::string media_type_essence(std::string_view content_type);
+
+// The value of a Content-Type's charset parameter in lower case and unquoted; nullopt
+// when there is none. Read leniently: malformed parameters are passed over, as JSON and
+// form routes have always ignored parameters other than this one.
+std::optional<std::string> media_type_charset(std::string_view content_type);
+
+// A Content-Type value in canonical form, for raw bodies whose media type is hashed with
+// them: RFC 9110 §8.3.1 grammar strictly (type "/" subtype, then ";" parameters, a value a
+// token or a quoted-string), type, subtype and parameter names in lower case, values
+// unquoted (charset's in lower case) and written as a token where they are one, parameters
+// sorted by name. nullopt when malformed or when a parameter name repeats.
+std::optional<std::string> canonical_media_type(std::string_view content_type);
 
 // Canonical form of a raw query string (without '?'); see query.cpp for the rules.
 std::string canonical_query(std::string_view raw);

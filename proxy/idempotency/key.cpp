@@ -3,6 +3,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "idempotency/form.hpp"
 #include "idempotency/internal.hpp"
 
 namespace idem::idempotency {
@@ -98,8 +99,16 @@ KeyParse check_key(std::string key, std::size_t max_length, std::string_view whe
   return r;
 }
 
-std::vector<std::string> key_member_segments(std::string_view pointer) {
+std::vector<std::string> key_member_segments(std::string_view pointer, settings::BodyFormat format) {
   std::string why;
+  if (format == settings::BodyFormat::form && !pointer.empty() && pointer.front() != '/') {
+    auto path = form_field_path(pointer);
+    if (!path) {
+      throw std::invalid_argument("key.pointer \"" + std::string(pointer) +
+                                  "\": not a form field path naming one value (name[key]...)");
+    }
+    return std::move(*path);
+  }
   if (pointer.empty() || pointer.front() != '/') {
     throw std::invalid_argument("key.pointer \"" + std::string(pointer) +
                                 "\": a JSON body names its key member by a JSON Pointer, e.g. "
@@ -114,14 +123,17 @@ std::vector<std::string> key_member_segments(std::string_view pointer) {
   return std::move(*segments);
 }
 
-KeySpec KeySpec::compile(const settings::KeySettings& s) {
+KeySpec KeySpec::compile(const settings::KeySettings& s, settings::BodyFormat format) {
   KeySpec spec;
   spec.from = s.from;
   spec.header = s.header;
   spec.max_length = s.max_length;
   spec.param = s.param;
   if (s.from == settings::KeySource::body) {
-    spec.member = key_member_segments(s.pointer);
+    if (format == settings::BodyFormat::raw) {
+      throw std::invalid_argument("key.from: body needs a body with members; fingerprint.format: raw has none");
+    }
+    spec.member = key_member_segments(s.pointer, format);
     spec.pointer = s.pointer;
   }
   return spec;

@@ -40,15 +40,18 @@ KeyParse parse_key(std::span<const std::string_view> values, std::size_t max_len
 // member /idempotency_key").
 KeyParse check_key(std::string key, std::size_t max_length, std::string_view where);
 
-// key.pointer as segments: a JSON Pointer ("/idempotency_key", RFC 6901 escapes) or a form
-// field path ("meta[key]" is meta, key). Throws std::invalid_argument when it names no one
-// member ("", a "*" segment, an empty bracket).
-std::vector<std::string> key_member_segments(std::string_view pointer);
+// key.pointer as segments: a JSON Pointer ("/idempotency_key", RFC 6901 escapes) or, on a
+// form body, also a form field path ("meta[key]" is meta, key). Throws
+// std::invalid_argument when it names no one member ("", a "*" segment, an empty bracket),
+// or when a JSON body is given a form field path.
+std::vector<std::string> key_member_segments(std::string_view pointer, settings::BodyFormat format);
 
 // A route's key settings compiled once per configuration.
 struct KeySpec {
-  // Throws std::invalid_argument (a configuration error) when key.pointer is unusable.
-  static KeySpec compile(const settings::KeySettings& s);
+  // Throws std::invalid_argument (a configuration error) when key.pointer is unusable
+  // for a body of `format`.
+  static KeySpec compile(const settings::KeySettings& s,
+                         settings::BodyFormat format = settings::BodyFormat::json);
 
   settings::KeySource from = settings::KeySource::header;
   std::string header;                 // the key header (from: header), or the one that must

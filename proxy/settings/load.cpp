@@ -668,8 +668,47 @@ int parse_key(const Loader& L, const Item& it, KeySettings& k) {
   return header_line;
 }
 
+void parse_body_format(const Loader& L, const Map& m, FingerprintSettings& f) {
+  if (auto v = m.get("format")) {
+    f.format = L.choice<BodyFormat>(
+        *v, {{"json", BodyFormat::json}, {"form", BodyFormat::form}, {"raw", BodyFormat::raw}});
+  }
+  // A setting of another format would read as a rule that is never applied.
+  if (auto v = m.get("media_types")) {
+    if (f.format != BodyFormat::raw) L.fail(*v, "fingerprint.media_types needs fingerprint.format: raw");
+    for (const auto& e : L.list(*v)) {
+      auto mt = idem::text::lowercase(L.text(e));
+      const auto slash = mt.find('/');
+      if (slash == std::string::npos || !detail::is_token(mt.substr(0, slash)) ||
+          !detail::is_token(mt.substr(slash + 1))) {
+        L.fail(e, "'" + mt + "' is not a media type type/subtype (write it without parameters, e.g. "
+                  "application/x-protobuf)");
+      }
+      if (std::find(f.media_types.begin(), f.media_types.end(), mt) != f.media_types.end()) {
+        L.fail(e, "'" + mt + "' is listed twice");
+      }
+      f.media_types.push_back(std::move(mt));
+    }
+  }
+  if (auto v = m.get("repeated_names")) {
+    if (f.format != BodyFormat::form) L.fail(*v, "fingerprint.repeated_names needs fingerprint.format: form");
+    f.repeated_names = L.choice<RepeatedNames>(*v, {{"reject", RepeatedNames::reject}, {"list", RepeatedNames::list}});
+  }
+  // Raw bytes have no members to select, ignore or default.
+  if (f.format == BodyFormat::raw) {
+    for (const char* key : {"fields", "ignore", "defaults"}) {
+      if (auto v = m.get(key)) {
+        L.fail(*v, std::string("fingerprint.") + key + " selects members of a parsed body; "
+                   "fingerprint.format: raw hashes the exact bytes");
+      }
+    }
+  }
+}
+
 void parse_fingerprint(const Loader& L, const Item& it, FingerprintSettings& f) {
-  Map m(L, it, {"version", "fields", "ignore", "defaults", "headers", "query"});
+  Map m(L, it, {"format", "media_types", "repeated_names", "version", "fields", "ignore",
+                "defaults", "headers", "query"});
+  parse_body_format(L, m, f);
   if (auto v = m.get("version")) f.version = L.word(*v);
   if (auto v = m.get("fields")) {
     f.fields.emplace();
@@ -895,6 +934,18 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
     L.fail(lines.retention, it.path + ".retention",
            "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
                detail::format_duration(r.lease) + "): a record must outlive its claim");
+  }
+  // The key's place must exist in the body's format: raw bytes have no members, and a JSON
+  // body names them by JSON Pointer only ("meta[key]" is a form's way).
+  if (r.key.from == KeySource::body && r.fingerprint.format == BodyFormat::raw) {
+    L.fail(lines.key_header, it.path + ".key.from",
+           "key.from: body needs a body with members; fingerprint.format: raw has none");
+  }
+  if (r.key.from == KeySource::body && r.fingerprint.format == BodyFormat::json &&
+      r.key.pointer.front() != '/') {
+    L.fail(lines.key_header, it.path + ".key.pointer",
+           "'" + r.key.pointer + "' is a form field path; a JSON body names its key member by JSON "
+           "Pointer, e.g. '/" + r.key.pointer + "'");
   }
   const auto key_header = idem::text::lowercase(r.key.header);
   if (key_header == idem::text::lowercase(tenant.header) ||

@@ -440,7 +440,21 @@ void render_globals(YamlOut& y, const Settings& s) {
 
 void render_fingerprint(YamlOut& y, const FingerprintSettings& f) {
   y.section(4, "fingerprint");
+  y.line(6, "format", f.format == BodyFormat::form  ? "form"
+                      : f.format == BodyFormat::raw ? "raw"
+                                                    : "json");
+  // Each written only where the loader accepts it.
+  if (f.format == BodyFormat::raw) y.line(6, "media_types", flow_list(f.media_types));
+  if (f.format == BodyFormat::form) {
+    y.line(6, "repeated_names", f.repeated_names == RepeatedNames::list ? "list" : "reject");
+  }
   y.line(6, "version", yaml_quote(f.version));
+  if (f.format == BodyFormat::raw) {
+    y.text += "      # fields, ignore, defaults: a raw body is hashed as its exact bytes\n";
+    y.line(6, "headers", flow_list(f.headers));
+    y.line(6, "query", yes_no(f.query));
+    return;
+  }
   if (f.fields) {
     y.line(6, "fields", flow_list(*f.fields));
   } else {

@@ -173,7 +173,18 @@ struct KeySettings {
   std::size_t max_length = 255;
 };
 
+// How a route's body is read (docs/configuration.md, §4.4): strict JSON; an
+// application/x-www-form-urlencoded form, nested with brackets as Stripe and Rack read it,
+// into the same model; or raw bytes, hashed with their media type.
+enum class BodyFormat { json, form, raw };
+// A form's repeated plain name ("a=1&a=2"): refused (backends disagree: first wins, last
+// wins, a list), or read as a list.
+enum class RepeatedNames { reject, list };
+
 struct FingerprintSettings {
+  BodyFormat format = BodyFormat::json;
+  std::vector<std::string> media_types;  // raw: "type/subtype" accepted, lower case; [] = any
+  RepeatedNames repeated_names = RepeatedNames::reject;  // form
   std::string version = "1";
   // JSON Pointers (RFC 6901), '*' segment = every array element. nullopt = whole body.
   std::optional<std::vector<std::string>> fields;

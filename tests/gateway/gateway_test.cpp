@@ -1870,3 +1870,81 @@ TEST_CASE("query key: the parameter scopes the record, replays, mismatches like 
   CHECK(f.upstream.calls.size() == 1);
   CHECK(f.store.size() == 1);
 }
+
+namespace {
+
+void body_format(Fixture& f, settings::BodyFormat format, std::vector<std::string> media_types = {}) {
+  auto s = f.holder->load()->settings();
+  auto& r = s.routes.front();
+  r.fingerprint = settings::FingerprintSettings{};
+  r.fingerprint.format = format;
+  r.fingerprint.media_types = std::move(media_types);
+  if (format == settings::BodyFormat::form) {
+    r.key.from = settings::KeySource::body;
+    r.key.pointer = "metadata[idempotency_key]";
+  }
+  f.configure(s);
+}
+
+server::Request typed_order(std::string_view key, std::string content_type, std::string body) {
+  auto req = Fixture::order(key, std::move(body));
+  req.set(http::field::content_type, content_type);
+  return req;
+}
+
+}  // namespace
+
+TEST_CASE("form body: a key in a form field scopes, replays and mismatches; refusals claim nothing") {
+  Fixture f;
+  body_format(f, settings::BodyFormat::form);
+  const std::string ct = "application/x-www-form-urlencoded";
+  const std::string body = "amount=2000&currency=usd&metadata[idempotency_key]=st-1&items[0][price]=p_1";
+  auto first = f.call(typed_order("", ct, body));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].body() == body);
+  CHECK(f.row("st-1")->state == store::State::completed);
+  auto replay = f.call(typed_order("", ct, "items[][price]=p_1&metadata%5Bidempotency_key%5D=st-1&currency=usd&amount=2000"));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  CHECK(problem_code(f.call(typed_order("", ct, "amount=2001&currency=usd&metadata[idempotency_key]=st-1&items[0][price]=p_1"))) ==
+        "idempotency_key_reused");
+
+  for (const auto& [content_type, form, code] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {ct, "amount=1&amount=2&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct, "amount=1&amount[x]=2&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct, "amount=%zz&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct + "; charset=iso-8859-1", "amount=1&metadata[idempotency_key]=st-2", "unsupported_charset"},
+           {"application/json", R"({"amount":1})", "unsupported_media_type"},
+           {ct, "amount=1", "idempotency_key_missing"},
+           {ct, "amount=1&metadata[idempotency_key]", "idempotency_key_invalid"},
+       }) {
+    INFO(content_type, " / ", form);
+    auto res = f.call(typed_order("", content_type, form));
+    CHECK(problem_code(res) == code);
+    CHECK(res.result_int() == (code.starts_with("unsupported") ? 415 : 400));
+  }
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 1);
+}
+
+TEST_CASE("raw body: the exact bytes with their media type; others refused before any claim") {
+  Fixture f;
+  body_format(f, settings::BodyFormat::raw, {"application/x-protobuf"});
+  const std::string proto("\x0a\x03" "A-1\x10\x02\x00\xff", 9);
+  auto first = f.call(typed_order("k1", "application/x-protobuf", proto));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].body() == proto);
+  auto replay = f.call(typed_order("k1", "Application/X-Protobuf", proto));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  std::string changed = proto;
+  changed.back() = '\xfe';
+  CHECK(problem_code(f.call(typed_order("k1", "application/x-protobuf", changed))) == "idempotency_key_reused");
+  auto other = f.call(typed_order("k2", "application/json", "{}"));
+  CHECK(other.result_int() == 415);
+  CHECK(problem_code(other) == "unsupported_media_type");
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 1);
+}

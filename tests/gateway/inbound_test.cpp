@@ -222,3 +222,30 @@ TEST_CASE("inbound: a method override towards a route, or on a route's request, 
 }
 
 }  // namespace idem::gateway
+
+namespace idem::gateway {
+
+TEST_CASE("router: a route whose fingerprint or key cannot be compiled is a configuration error naming it") {
+  auto s = std::make_shared<settings::Settings>();
+  settings::RouteSettings r;
+  r.name = "stripe";
+  r.method = "POST";
+  r.path = "/v1/charges";
+  r.scope = "POST /v1/charges";
+  r.source_line = 12;
+  r.fingerprint.format = settings::BodyFormat::form;
+  r.fingerprint.defaults["/qty"] = "1";  // a form holds strings: this default could never apply
+  s->routes.push_back(r);
+  try {
+    Runtime::build(s);
+    FAIL("a number default on a form route was accepted");
+  } catch (const settings::ConfigError& e) {
+    CHECK(e.key() == "routes[0].fingerprint");
+    CHECK(e.line() == 12);
+    CHECK(std::string(e.what()).find("strings only") != std::string::npos);
+  }
+  s->routes[0].fingerprint.defaults["/qty"] = "\"1\"";
+  CHECK_NOTHROW(Runtime::build(s));
+}
+
+}  // namespace idem::gateway

@@ -503,3 +503,51 @@ TEST_CASE("key.from: header (default), body with key.pointer, query with key.par
     CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: " + bad + "}\n", 9, "routes[0].key.pointer", "");
   }
 }
+
+TEST_CASE("fingerprint.format: json (default), form with repeated_names, raw with media_types") {
+  const std::string routes = "routes:\n"
+                             "  - {name: j, method: POST, path: /j}\n"
+                             "  - name: f\n"
+                             "    method: POST\n"
+                             "    path: /f\n"
+                             "    key: {from: body, pointer: \"metadata[idempotency_key]\"}\n"
+                             "    fingerprint: {format: form, repeated_names: list, defaults: {/currency: \"usd\"}}\n"
+                             "  - name: r\n"
+                             "    method: POST\n"
+                             "    path: /r\n"
+                             "    fingerprint: {format: raw, media_types: [Application/X-Protobuf, application/xml]}\n";
+  const auto s = load(kMinimal + routes);
+  REQUIRE(s->routes.size() == 3);
+  CHECK(s->routes[0].fingerprint.format == BodyFormat::json);
+  CHECK(s->routes[1].fingerprint.format == BodyFormat::form);
+  CHECK(s->routes[1].fingerprint.repeated_names == RepeatedNames::list);
+  CHECK(s->routes[1].key.pointer == "metadata[idempotency_key]");
+  CHECK(s->routes[2].fingerprint.format == BodyFormat::raw);
+  CHECK(s->routes[2].fingerprint.media_types == std::vector<std::string>{"application/x-protobuf", "application/xml"});
+  CHECK(s->routes[2].fingerprint.repeated_names == RepeatedNames::reject);
+
+  const std::string r = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n";  // line 9 next
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: xml}\n", 9, "routes[0].fingerprint.format", "json | form | raw");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {media_types: [application/xml]}\n", 9,
+                     "routes[0].fingerprint.media_types", "needs fingerprint.format: raw");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [\"application/xml; charset=utf-8\"]}\n", 9,
+                     "routes[0].fingerprint.media_types[0]", "without parameters");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [xml]}\n", 9,
+                     "routes[0].fingerprint.media_types[0]", "type/subtype");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [a/b, A/B]}\n", 9,
+                     "routes[0].fingerprint.media_types[1]", "listed twice");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {repeated_names: list}\n", 9, "routes[0].fingerprint.repeated_names",
+                     "needs fingerprint.format: form");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: form, repeated_names: last}\n", 9,
+                     "routes[0].fingerprint.repeated_names", "reject | list");
+  for (const auto& [key, yaml] : std::vector<std::pair<std::string, std::string>>{
+           {"fields", "fields: [/a]"}, {"ignore", "ignore: [/a]"}, {"defaults", "defaults: {/a: \"1\"}"}}) {
+    INFO(key);
+    CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, " + yaml + "}\n", 9, "routes[0].fingerprint." + key,
+                       "fingerprint.format: raw hashes the exact bytes");
+  }
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: /k}\n    fingerprint: {format: raw}\n", 9,
+                     "routes[0].key.from", "raw has none");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: \"meta[k]\"}\n", 9, "routes[0].key.pointer",
+                     "a JSON body names its key member by JSON Pointer");
+}

@@ -80,6 +80,9 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.key.param == y.key.param);
     CHECK(x.key.required == y.key.required);
     CHECK(x.key.max_length == y.key.max_length);
+    CHECK(x.fingerprint.format == y.fingerprint.format);
+    CHECK(x.fingerprint.media_types == y.fingerprint.media_types);
+    CHECK(x.fingerprint.repeated_names == y.fingerprint.repeated_names);
     CHECK(x.fingerprint.version == y.fingerprint.version);
     CHECK(x.fingerprint.fields == y.fingerprint.fields);
     CHECK(x.fingerprint.ignore == y.fingerprint.ignore);
@@ -195,6 +198,19 @@ routes:
     path: /v1/orders
     key: {from: query, param: "Client Token$$", header: X-Amz-Token}
     fingerprint: {query: true}
+  - name: stripe-charges
+    method: POST
+    path: /v1/charges
+    key: {from: body, pointer: "metadata[idempotency_key]"}
+    fingerprint:
+      format: form
+      repeated_names: list
+      fields: [/amount, /currency, "/items/*/price"]
+      defaults: {/currency: "usd", /tags: ["a", null]}
+  - name: proto-orders
+    method: PUT
+    path: /v3/orders
+    fingerprint: {format: raw, media_types: [application/x-protobuf, Application/Vnd.Acme+CBOR], headers: [X-Proto-Schema]}
 )";
 
 }  // namespace
@@ -268,7 +284,7 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
            "  level: info\n", "  format: json\n", "  interval: 1m\n", "  batch: 1000\n", "unmatched: pass\n",
            "  - name: \"r\"\n", "    method: \"POST\"\n", "    path: \"/orders\"\n", "    scope: \"POST /orders\"\n",
            "      from: header\n", "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",
-           "      version: \"1\"\n", "      # fields: not set", "      ignore: []\n", "      defaults: {}\n",
+           "      format: json\n", "      version: \"1\"\n", "      # fields: not set", "      ignore: []\n", "      defaults: {}\n",
            "      headers: []\n", "      query: false\n", "    retention: 1d\n", "    lease: 30s\n",
            "    wait: 5s\n", "    retry_after: 1s\n", "    mismatch_status: 409\n",
            "      statuses: [\"2xx\", \"4xx\"]\n", "      except: [408, 425, 429]\n",
@@ -281,7 +297,10 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
 
 TEST_CASE("render_effective round-trips") {
   const auto first = load(kRich);
-  REQUIRE(first->routes.size() == 4);
+  REQUIRE(first->routes.size() == 6);
+  CHECK(first->routes[4].fingerprint.format == BodyFormat::form);
+  CHECK(first->routes[5].fingerprint.media_types ==
+        std::vector<std::string>{"application/x-protobuf", "application/vnd.acme+cbor"});
   CHECK(first->routes[2].key.from == KeySource::body);
   CHECK(first->routes[3].key.param == "Client Token$");
   // Spot checks that kRich exercises what it claims to.
