@@ -694,13 +694,20 @@ void parse_body_format(const Loader& L, const Map& m, FingerprintSettings& f) {
     if (f.format != BodyFormat::form) L.fail(*v, "fingerprint.repeated_names needs fingerprint.format: form");
     f.repeated_names = L.choice<RepeatedNames>(*v, {{"reject", RepeatedNames::reject}, {"list", RepeatedNames::list}});
   }
-  // Raw bytes have no members to select, ignore or default.
-  if (f.format == BodyFormat::raw) {
-    for (const char* key : {"fields", "ignore", "defaults"}) {
-      if (auto v = m.get(key)) {
-        L.fail(*v, std::string("fingerprint.") + key + " selects members of a parsed body; "
-                   "fingerprint.format: raw hashes the exact bytes");
-      }
+}
+
+// Raw bytes have no members to select, ignore or default. (An empty ignore or defaults asks
+// for nothing, and is accepted; `fields: []` would still mean "none of the body".)
+void check_raw_members(const Loader& L, const Map& m, const FingerprintSettings& f) {
+  if (f.format != BodyFormat::raw) return;
+  for (const char* key : {"fields", "ignore", "defaults"}) {
+    const auto v = m.get(key);
+    const bool asked = std::string_view(key) == "fields" ? v.has_value()
+                       : std::string_view(key) == "ignore" ? !f.ignore.empty()
+                                                           : !f.defaults.empty();
+    if (asked) {
+      L.fail(*v, std::string("fingerprint.") + key + " selects members of a parsed body; "
+                 "fingerprint.format: raw hashes the exact bytes");
     }
   }
 }
@@ -734,6 +741,7 @@ void parse_fingerprint(const Loader& L, const Item& it, FingerprintSettings& f) 
   }
   if (auto v = m.get("headers")) f.headers = L.header_list(*v);
   if (auto v = m.get("query")) f.query = L.boolean(*v);
+  check_raw_members(L, m, f);
 }
 
 void parse_store(const Loader& L, const Item& it, StoreSettings& s) {

@@ -546,6 +546,8 @@ TEST_CASE("fingerprint.format: json (default), form with repeated_names, raw wit
     CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, " + yaml + "}\n", 9, "routes[0].fingerprint." + key,
                        "fingerprint.format: raw hashes the exact bytes");
   }
+  CHECK(load(r + "    fingerprint: {format: raw, ignore: [], defaults: {}}\n")->routes[0].fingerprint.ignore.empty());
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, fields: []}\n", 9, "routes[0].fingerprint.fields", "raw");
   CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: /k}\n    fingerprint: {format: raw}\n", 9,
                      "routes[0].key.from", "raw has none");
   CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: \"meta[k]\"}\n", 9, "routes[0].key.pointer",
