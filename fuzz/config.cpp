@@ -26,6 +26,7 @@
 #include <typeinfo>
 
 #include "idempotency/fingerprint.hpp"
+#include "idempotency/key.hpp"
 #include "settings/detail.hpp"
 #include "settings/settings.hpp"
 #include "support/check.hpp"
@@ -77,7 +78,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   for (const auto& route : s->routes) {
     try {
-      (void)idem::idempotency::FingerprintSpec::compile(route.fingerprint);
+      (void)idem::idempotency::KeySpec::compile(route.key, route.fingerprint.format);
+      (void)idem::idempotency::FingerprintSpec::compile(route.fingerprint, route.key);
     } catch (const std::invalid_argument& e) {
       if (std::getenv("IDEM_FUZZ_VERBOSE") != nullptr) std::fprintf(stderr, "refused route: %s\n", e.what());
       return 0;  // main() reports it as a ConfigError naming the route

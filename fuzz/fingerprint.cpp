@@ -6,7 +6,8 @@
 // header values and query, then the remaining bytes as the body.
 // Properties (the body model of proxy/idempotency/README.md, stated as invariants):
 //   1. compile() throws nothing but std::invalid_argument.
-//   2. The status is the documented one (empty body -> ok; JSON media type; invalid JSON
+//   2. The status is the documented one (empty body -> ok; JSON media type; a charset other
+//      than utf-8 / us-ascii refused, a non-ASCII body under us-ascii invalid; invalid JSON
 //      exactly when the reference parser refuses) and an ok value is 64 lower-case hex equal
 //      to SHA-256 of canonical_form().
 //   3. Same value, same fingerprint: the body respelled (whitespace, member order, number
@@ -22,6 +23,7 @@
 //
 // The code under test, whose line coverage scripts/fuzz --coverage reports:
 // covers: proxy/idempotency/fingerprint.cpp
+// covers: proxy/idempotency/body.cpp
 // covers: proxy/idempotency/http_text.cpp
 // covers: proxy/idempotency/json.cpp
 // covers: proxy/idempotency/number.cpp
@@ -57,7 +59,9 @@ const char* const kValues[] = {"0", "\"EUR\"", "null", "{}", "[]", "1e3", "{\"x\
 const char* const kHeaders[] = {"X-A", "x-b", "Accept", "X-Client"};
 const char* const kContentTypes[] = {"application/json", "application/merge-patch+json; charset=utf-8",
                                      " APPLICATION/JSON ", "text/plain", "application/+json",
-                                     "application/jsonx", ""};
+                                     "application/jsonx", "", "application/json; charset=\"UTF-8\"",
+                                     "application/json;charset=us-ascii", "application/json; charset=latin1",
+                                     "application/json; q; charset=utf-16"};
 
 std::string pick_pointer(FuzzedDataProvider& fdp) {
   if (fdp.ConsumeIntegralInRange(0, 7) == 0) return fdp.ConsumeRandomLengthString(16);
@@ -301,6 +305,34 @@ bool json_media(std::string_view ct) {
   return sub == "json" || (sub.size() > 5 && sub.compare(sub.size() - 5, 5, "+json") == 0);
 }
 
+// docs: a charset parameter (name case-insensitive, value unquoted and case-insensitive) must
+// be utf-8 or us-ascii; the first parameter named charset counts, malformed ones are passed
+// over. Returns the lower-cased value, "" when there is none.
+std::string charset_of(std::string_view ct) {
+  std::string lower(ct);
+  for (auto& ch : lower) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  std::size_t at = lower.find(';');
+  while (at != std::string::npos) {
+    const std::size_t next = lower.find(';', at + 1);
+    std::string param = lower.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1);
+    at = next;
+    const auto trim = [](std::string& t) {
+      while (!t.empty() && (t.front() == ' ' || t.front() == '\t')) t.erase(0, 1);
+      while (!t.empty() && (t.back() == ' ' || t.back() == '\t')) t.pop_back();
+    };
+    const std::size_t eq = param.find('=');
+    if (eq == std::string::npos) continue;
+    std::string name = param.substr(0, eq);
+    std::string value = param.substr(eq + 1);
+    trim(name);
+    trim(value);
+    if (name != "charset") continue;
+    if (value.size() >= 2 && value.front() == '"' && value.back() == '"') value = value.substr(1, value.size() - 2);
+    return value.empty() ? std::string("(empty)") : value;
+  }
+  return "";
+}
+
 // One fuzz case: the spec compiled from its settings, the fingerprint of the request as
 // given, and one method per property, each comparing against that fingerprint.
 class Checker {
@@ -316,6 +348,14 @@ class Checker {
     } else if (!c_.content_type || !json_media(*c_.content_type)) {
       IDEM_CHECK(r_.status == ij::FingerprintStatus::unsupported_media_type,
                  "Content-Type " + printable(c_.content_type.value_or("(none)")) + " must be refused");
+      return false;
+    } else if (const auto cs = charset_of(*c_.content_type); !cs.empty() && cs != "utf-8" && cs != "us-ascii") {
+      IDEM_CHECK(r_.status == ij::FingerprintStatus::unsupported_charset,
+                 "charset " + printable(cs) + " must be refused");
+      return false;
+    } else if (cs == "us-ascii" && std::any_of(c_.body.begin(), c_.body.end(),
+                                               [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; })) {
+      IDEM_CHECK(r_.status == ij::FingerprintStatus::invalid_json, "a non-ASCII body under us-ascii must be refused");
       return false;
     } else {
       body_ = ref::parse(c_.body);
@@ -336,7 +376,16 @@ class Checker {
 
   // Property 3.
   void spellings() {
-    if (body_) same_as(ref::respell(*body_, rng_), "respelling the body");
+    if (body_) {
+      // Under charset=us-ascii a respelling that writes an escape as its UTF-8 bytes is
+      // another (refused) body; only ASCII respellings are the same one.
+      const auto respelled = ref::respell(*body_, rng_);
+      const bool ascii = charset_of(c_.content_type.value_or("")) == "us-ascii";
+      if (!ascii || std::none_of(respelled.begin(), respelled.end(),
+                                 [](char ch) { return static_cast<unsigned char>(ch) >= 0x80; })) {
+        same_as(respelled, "respelling the body");
+      }
+    }
     Case padded = c_;
     for (auto& v : padded.header_values) {
       if (v) *v = " \t" + *v + "  ";

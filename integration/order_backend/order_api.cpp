@@ -332,6 +332,11 @@ bool is_json(std::string_view content_type) {
 }
 
 
+bool has_media_type(std::string_view content_type, std::string_view wanted) {
+  const std::string_view type = text::trim_ows(content_type.substr(0, content_type.find(';')));
+  return text::iequals(type, wanted);
+}
+
 // The request's headers, checked. A Response means the request is refused.
 std::variant<Arrival, Response> read_arrival(const Request& req, const OrderApiOptions& options) {
   Arrival a;
@@ -567,7 +572,9 @@ asio::awaitable<Response> OrderApi::handle(Request& req) {
   path = path.substr(0, path.find('?'));
 
   Response res;
-  if (path == "/orders") {
+  // /v1/orders and /v2/orders are the same create under other paths: the demo's
+  // Stripe-style (form) and Square-style (key in the body) routes of the sidecar.
+  if (path == "/orders" || path == "/v1/orders" || path == "/v2/orders") {
     if (req.method() == http::verb::post) {
       res = co_await create(req);
     } else {
@@ -620,11 +627,18 @@ asio::awaitable<Response> OrderApi::create(Request& req) {
   if (auto* refused = std::get_if<Response>(&arrival)) co_return std::move(*refused);
   const Arrival& a = std::get<Arrival>(arrival);
 
-  if (const auto type = single_header(req, "Content-Type"); type && !is_json(*type)) {
+  const auto type = single_header(req, "Content-Type");
+  const bool form = type && has_media_type(*type, "application/x-www-form-urlencoded");
+  const bool protobuf = type && has_media_type(*type, "application/x-protobuf");
+  if (type && !is_json(*type) && !form && !protobuf) {
     co_return problem(req, http::status::unsupported_media_type, "unsupported_media_type",
-                      "Unsupported media type", "send the order as application/json");
+                      "Unsupported media type",
+                      "send the order as application/json, application/x-www-form-urlencoded "
+                      "or application/x-protobuf");
   }
-  auto parsed = parse_order_request(req.body());
+  auto parsed = form       ? parse_order_form(req.body())
+                : protobuf ? parse_order_protobuf(req.body())
+                           : parse_order_request(req.body());
   if (auto* refused = std::get_if<Rejection>(&parsed)) co_return rejection(req, *refused);
   const OrderRequest& order = std::get<OrderRequest>(parsed);
 

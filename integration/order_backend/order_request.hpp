@@ -40,6 +40,22 @@ struct Rejection {
 
 std::variant<OrderRequest, Rejection> parse_order_request(std::string_view body);
 
+// The same order as an application/x-www-form-urlencoded form, the way Stripe-style APIs
+// take it: customer_id=c-42&amount=1000&items[0][sku]=A-1&items[0][qty]=2&checkout_id=...
+// (items also as items[][sku]=...&items[][qty]=..., Rack's way: a field the last item
+// already has starts the next one). Numbers are digits; metadata[...] and any other name
+// are not part of the order (idempotency_key included), as unknown JSON members are not.
+// A malformed form, a repeated name or numbered items with gaps is 400 invalid_request;
+// then the same rules as parse_order_request.
+std::variant<OrderRequest, Rejection> parse_order_form(std::string_view body);
+
+// The same order in the protobuf wire format (application/x-protobuf), for the sidecar's
+// raw routes:  message Order { string customer_id = 1; string currency = 2; int64 amount = 3;
+// repeated Item items = 4; string checkout_id = 5; string coupon = 6; }
+// message Item { string sku = 1; int64 qty = 2; }. Unknown fields are skipped, as protobuf
+// readers do; a truncated or malformed message is 400 invalid_request.
+std::variant<OrderRequest, Rejection> parse_order_protobuf(std::string_view body);
+
 // The items as the canonical JSON array stored with the order and sent to inventory:
 // [{"sku":"A-1","qty":2}], in request order.
 std::string items_json(const std::vector<OrderItem>& items);

@@ -133,3 +133,57 @@ TEST_CASE("command-line and URL parsers") {
   CHECK_FALSE(is_uuid("123e4567e89b12d3a456426614174000"));
   CHECK_FALSE(is_uuid("123e4567-e89b-12d3-a456-42661417400g"));
 }
+
+TEST_CASE("a form-encoded order reads like the same JSON order") {
+  auto form = [](std::string_view body) { return parse_order_form(body); };
+  const auto json = accepted(R"({"customer_id":"c-42","currency":"EUR","amount":1000,
+      "items":[{"sku":"A-1","qty":2},{"sku":"B 2","qty":1}],"checkout_id":"chk-1"})");
+  for (const char* body : {
+           "customer_id=c-42&currency=EUR&amount=1000&items[0][sku]=A-1&items[0][qty]=2&items[1][sku]=B+2&items[1][qty]=1&checkout_id=chk-1",
+           "items[1][qty]=1&items[0][qty]=2&items[1][sku]=B%202&items[0][sku]=A-1&amount=1000&customer_id=c-42&checkout_id=chk-1",
+           "customer_id=c-42&amount=1000&items[][sku]=A-1&items[][qty]=2&items[][sku]=B+2&items[][qty]=1&checkout_id=chk-1&metadata[source]=app&idempotency_key=k-1",
+       }) {
+    INFO(body);
+    auto r = form(body);
+    REQUIRE(std::holds_alternative<OrderRequest>(r));
+    const auto& o = std::get<OrderRequest>(r);
+    CHECK(o.customer_id == json.customer_id);
+    CHECK(o.currency == json.currency);
+    CHECK(o.amount == json.amount);
+    CHECK(items_json(o.items) == items_json(json.items));
+    CHECK(o.checkout_id == json.checkout_id);
+  }
+  for (const char* bad : {"customer_id=c-42&customer_id=c-43&amount=1&items[0][sku]=A&items[0][qty]=1",
+                          "customer_id=c-42&amount=1&items[1][sku]=A&items[1][qty]=1",
+                          "customer_id=c-42&amount=1&items[0][sku]=A&items[0][qty]=1&items[][sku]=B",
+                          "customer_id=c-42&amount=1e3&items[0][sku]=A&items[0][qty]=1",
+                          "customer_id=c-42&amount=%4&items[0][sku]=A&items[0][qty]=1",
+                          "customer_id=c-42&amount=1&items[0]=A"}) {
+    INFO(bad);
+    auto r = form(bad);
+    REQUIRE(std::holds_alternative<Rejection>(r));
+    CHECK(std::get<Rejection>(r).status == 400);
+  }
+}
+
+TEST_CASE("a protobuf-encoded order reads like the same JSON order") {
+  // Order{customer_id:"c-42", amount:1000, items:[{sku:"A-1",qty:2}], checkout_id:"chk-1"},
+  // with an unknown field 9 (a varint) that readers skip.
+  const std::string msg("\x0a\x04" "c-42" "\x18\xe8\x07" "\x22\x07\x0a\x03" "A-1" "\x10\x02"
+                        "\x48\x01" "\x2a\x05" "chk-1", 27);
+  auto r = parse_order_protobuf(msg);
+  REQUIRE(std::holds_alternative<OrderRequest>(r));
+  const auto& o = std::get<OrderRequest>(r);
+  CHECK(o.customer_id == "c-42");
+  CHECK(o.currency == "EUR");
+  CHECK(o.amount == 1000);
+  CHECK(items_json(o.items) == R"([{"sku":"A-1","qty":2}])");
+  CHECK(o.checkout_id == "chk-1");
+  for (std::size_t cut = 1; cut < msg.size(); ++cut) {
+    INFO(cut);
+    auto truncated = parse_order_protobuf(std::string_view(msg).substr(0, cut));
+    // A prefix is an order only where a field ends after the items (18: the items, 20: the
+    // unknown field); any other is malformed, or misses what an order needs.
+    CHECK(std::holds_alternative<Rejection>(truncated) == (cut != 18 && cut != 20));
+  }
+}

@@ -122,6 +122,7 @@ OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
   sidecar_options_.log_level = "warn";
   sidecar_options_.database_pool_size = 8;
   sidecar_options_.routes = {order_route(options_)};
+  for (const auto& r : options_.extra_routes) sidecar_options_.routes.push_back(r);
   sidecar_options_.extra_yaml = options_.sidecar_yaml;
   sidecar_ = std::make_unique<Sidecar>(sidecar_options_);
 }

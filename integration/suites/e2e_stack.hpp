@@ -73,6 +73,9 @@ struct StackOptions {
   std::string slow_order_time;
   // More of the sidecar's top-level YAML (encryption, tracing, …).
   std::string sidecar_yaml;
+  // More sidecar routes beside the order route, each on a path of its own (the API serves
+  // the same create at /v1/orders and /v2/orders too).
+  std::vector<RouteOptions> extra_routes;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.

@@ -287,3 +287,56 @@ TEST_CASE("client-supplied operation id and attempt headers never reach the back
   CHECK(calls[0].header("X-Idempotency-Operation-Id") != "forged");
   CHECK(calls[1].headers_named("X-Idempotency-Attempt").empty());
 }
+
+// docs/http.md, replay.mode refetch: an absolute Location is re-fetched only on the request's
+// own host (or a host of replay.hosts); any other replays the record's stored bytes. Shown
+// by what the backend received: a GET of the resource, or nothing.
+TEST_CASE("refetch follows an absolute Location on the request's own host only") {
+  TestBackend backend;
+  Db db(database_url());
+  auto o = options_for(backend);
+  o.routes = {order_route()};
+  o.routes[0].extra_yaml = "replay:\n  mode: refetch\n  hosts: [\"api.example:8443\"]\n";
+  Sidecar sidecar(o);
+  HttpClient client(sidecar.port());
+  const auto tenant = unique("tenant");
+  const auto located = [&](const std::string& key, const std::string& location) {
+    return order_headers(tenant, key, {{"Host", "shop.example"},
+                                       {"X-Test-Header-Hex", idem::text::to_hex("Location: " + location)}});
+  };
+
+  SUBCASE("another host: the stored bytes, and no request for the resource") {
+    const auto key = unique("key");
+    const auto first = client.post("/orders", kOrder, located(key, "http://other.example/orders/o-1"));
+    REQUIRE(first.status == 201);
+    const auto replay = client.post("/orders", kOrder, located(key, "http://other.example/orders/o-1"));
+    CHECK(replay.status == 201);
+    CHECK(replay.header("Idempotent-Replayed") == "true");
+    CHECK_FALSE(replay.has_header("Idempotent-Replay-Body"));
+    CHECK(replay.body == first.body);
+    CHECK(replay.header("Location") == "http://other.example/orders/o-1");
+    const auto calls = calls_for(backend, tenant);
+    REQUIRE(calls.size() == 1);  // the create; the other host's resource was never asked for
+    CHECK(calls[0].method == "POST");
+    const auto row = read_row(db, tenant, key);
+    REQUIRE(row);
+    CHECK(row->resource_id == "http://other.example/orders/o-1");
+  }
+  std::string location;
+  SUBCASE("the request's own host") { location = "http://SHOP.example/orders/o-2?view=full"; }
+  SUBCASE("a host of replay.hosts") { location = "https://api.example:8443/orders/o-2?view=full"; }
+  if (location.empty()) return;
+  const auto key = unique("key");
+  REQUIRE(client.post("/orders", kOrder, located(key, location)).status == 201);
+  const auto replay = client.post("/orders", kOrder, located(key, location));
+  CHECK(replay.status == 201);  // the first status
+  CHECK(replay.header("Idempotent-Replay-Body") == "current");
+  const auto calls = calls_for(backend, tenant);
+  REQUIRE(calls.size() == 2);
+  CHECK(calls[1].method == "GET");
+  CHECK(calls[1].target == "/orders/o-2?view=full");
+  CHECK(calls[1].body.empty());
+  // The body is the fetch's answer, not the record's.
+  const auto fetched = boost::json::parse(replay.body).as_object();
+  CHECK(fetched.at("seq").as_int64() == static_cast<std::int64_t>(calls[1].seq));
+}

@@ -99,10 +99,18 @@ void render_route(std::ostringstream& out, const RouteOptions& r) {
   out << "    path: " << quote(r.path) << "\n";
   put(out, "    ", "scope", r.scope);
   out << "    key:\n";
+  put(out, "      ", "from", r.key_from);
   out << "      header: " << quote(r.key_header) << "\n";
+  put(out, "      ", "pointer", r.key_pointer);
+  put(out, "      ", "param", r.key_param);
   out << "      required: " << (r.key_required ? "true" : "false") << "\n";
   put_int(out, "      ", "max_length", r.key_max_length);
   out << "    fingerprint:\n";
+  put(out, "      ", "format", r.fingerprint_format);
+  if (!r.fingerprint_media_types.empty()) {
+    out << "      media_types: " << string_list(r.fingerprint_media_types) << "\n";
+  }
+  put(out, "      ", "repeated_names", r.fingerprint_repeated_names);
   out << "      version: " << quote(r.fingerprint_version) << "\n";
   if (r.fingerprint_fields) {
     out << "      fields: " << string_list(*r.fingerprint_fields) << "\n";

@@ -28,6 +28,16 @@ struct RouteOptions {
   std::string key_header = "Idempotency-Key";
   bool key_required = true;
   std::optional<int> key_max_length;
+  // key.from (header | body | query) with key.pointer / key.param; empty: omitted.
+  std::string key_from;
+  std::string key_pointer;
+  std::string key_param;
+
+  // fingerprint.format (json | form | raw), its media_types and repeated_names; empty or
+  // [] : omitted.
+  std::string fingerprint_format;
+  std::vector<std::string> fingerprint_media_types;
+  std::string fingerprint_repeated_names;
 
   std::string fingerprint_version = "1";
   // JSON Pointers; nullopt: the key is omitted and the whole body (minus ignore) counts.

@@ -12,6 +12,7 @@
 #include <boost/asio/steady_timer.hpp>
 
 #include "gateway/gateway.hpp"
+#include "idempotency/body.hpp"
 #include "observability/metrics.hpp"
 #include "observability/tracing.hpp"
 
@@ -30,6 +31,10 @@ struct Gateway::Exchange {
   std::string query;
 
   std::string tenant;
+  // The body as the route's format reads it, once (idempotency/body.hpp): what a body key is
+  // read from and what the fingerprint hashes. Read before the body is forwarded (which
+  // moves it away), and never after.
+  std::optional<idempotency::BodyParse> body;
   std::string key;
   std::string fingerprint;
   std::string principal;
@@ -143,6 +148,10 @@ server::Response replay(const store::StoredResponse& stored, const Gateway::Exch
 
 // The client's X-Forwarded-For chain with the client's own address appended.
 std::string forwarded_for(const Gateway::Exchange& x);
+
+// The target a replay of `record` re-fetches on this request's route (refetch_target() with
+// the request's Host and the route's replay.hosts); "" when it replays its stored bytes.
+std::string refetch_target_of(const Gateway::Exchange& x, const store::Record& record);
 
 // "Retry-After" seconds for a delay, at least 1.
 std::string retry_after_seconds(Millis d);

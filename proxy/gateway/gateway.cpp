@@ -536,11 +536,13 @@ std::string_view fenced_answer(Outcome o) {
 
 // --- What the protocol sees of a row -------------------------------------------------------
 
-idempotency::RowView view_of(const store::Record& r) {
+// `has_resource`: the record names a resource this request may re-fetch (replay.mode:
+// refetch), which depends on the retrying request's own Host.
+idempotency::RowView view_of(const store::Record& r, const Gateway::Exchange& x) {
   idempotency::RowView v{r.fingerprint,      r.principal, r.state == store::State::completed,
                          r.attempt,          r.lease_expired, r.expired,
                          r.fence,            r.lease_remaining};
-  v.has_resource = r.response && !refetch_target(r.response->resource_id).empty();
+  v.has_resource = !refetch_target_of(x, r).empty();
   return v;
 }
 
@@ -559,22 +561,71 @@ std::optional<server::Response> admit_tenant(Gateway::Exchange& x) {
   return std::nullopt;
 }
 
+// The body, read once by the route's format (idempotency/body.hpp).
+const idempotency::BodyParse& read_body(Gateway::Exchange& x) {
+  if (!x.body) {
+    std::optional<std::string_view> content_type;
+    if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end()) {
+      content_type = std::string_view(ct->value());
+    }
+    x.body = idempotency::parse_body(x.route->fingerprint.body(), content_type, x.request.body());
+  }
+  return *x.body;
+}
+
+idempotency::KeyParse read_key(Gateway::Exchange& x) {
+  const auto& spec = x.route->key;
+  const auto header_values = field_values(x.request.base(), spec.header);
+  idempotency::KeySources in;
+  in.header_values = header_values;
+  in.query = x.query;
+  if (spec.from == settings::KeySource::body && x.body && x.body->status == idempotency::BodyStatus::ok) {
+    in.body = &x.body->body.model;
+  }
+  return idempotency::read_key(spec, in);
+}
+
+// A request on a `required: false` route that carries no key anywhere it could: passed
+// through unprotected. A body key's absence is only known once the body reads; a body that
+// does not read is refused (below) rather than guessed about.
+bool carries_no_key(Gateway::Exchange& x) {
+  const auto& spec = x.route->key;
+  if (spec.from == settings::KeySource::header) return field_values(x.request.base(), spec.header).empty();
+  if (spec.from == settings::KeySource::body && read_body(x).status != idempotency::BodyStatus::ok) return false;
+  return read_key(x).status == idempotency::KeyStatus::missing;
+}
+
 std::optional<server::Response> admit_key(Gateway::Exchange& x) {
   const auto& rs = *x.route->settings;
-  auto parsed = idempotency::parse_key(field_values(x.request.base(), rs.key.header),
-                                       rs.key.max_length);
-  if (parsed.status == idempotency::KeyStatus::missing) {
-    x.code = "idempotency_key_missing";
-    return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
-                   "this route requires the " + rs.key.header + " header");
-  }
-  if (parsed.status == idempotency::KeyStatus::invalid) {
-    x.code = "idempotency_key_invalid";
-    return problem(x, http::status::bad_request, x.code, "Idempotency key invalid", parsed.reason);
+  auto parsed = read_key(x);
+  switch (parsed.status) {
+    case idempotency::KeyStatus::ok: break;
+    case idempotency::KeyStatus::missing:
+      x.code = "idempotency_key_missing";
+      return problem(x, http::status::bad_request, x.code, "Idempotency key missing",
+                     parsed.reason.empty() ? "this route requires the " + rs.key.header + " header"
+                                           : parsed.reason);
+    case idempotency::KeyStatus::invalid:
+      x.code = "idempotency_key_invalid";
+      return problem(x, http::status::bad_request, x.code, "Idempotency key invalid", parsed.reason);
+    case idempotency::KeyStatus::misplaced:
+      x.code = "idempotency_key_misplaced";
+      return problem(x, http::status::bad_request, x.code, "Idempotency key misplaced", parsed.reason);
+    case idempotency::KeyStatus::ambiguous:
+      x.code = "idempotency_key_ambiguous";
+      return problem(x, http::status::bad_request, x.code, "Idempotency key ambiguous", parsed.reason);
   }
   x.key = std::move(parsed.key);
   x.key_hash = idempotency::log_hash(x.tenant, x.key);
   return std::nullopt;
+}
+
+std::optional<server::Response> admit_body(Gateway::Exchange& x) {
+  const auto& body = read_body(x);
+  if (body.status == idempotency::BodyStatus::ok) return std::nullopt;
+  x.code = idempotency::problem_code(body.status);
+  const auto status = static_cast<http::status>(idempotency::http_status(body.status));
+  return problem(x, status, x.code, idempotency::problem_title(body.status), body.reason);
 }
 
 std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
@@ -583,9 +634,6 @@ std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
   parts.method = x.method;
   const std::string scope_and_path = x.route->templated ? rs.scope + '\n' + x.path : std::string();
   parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
-  if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end())
-    parts.content_type = std::string_view(ct->value());
-  parts.body = x.request.body();
   for (const auto& name : x.route->fingerprint.header_names()) {
     const auto values = field_values(x.request.base(), name);
     if (values.empty()) {
@@ -600,17 +648,7 @@ std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
     parts.header_values.emplace_back(std::move(joined));
   }
   parts.query = x.query;
-  auto fp = idempotency::fingerprint(x.route->fingerprint, parts);
-  if (fp.status == idempotency::FingerprintStatus::unsupported_media_type) {
-    x.code = "unsupported_media_type";
-    return problem(x, http::status::unsupported_media_type, x.code, "Unsupported media type",
-                   fp.reason);
-  }
-  if (fp.status == idempotency::FingerprintStatus::invalid_json) {
-    x.code = "invalid_json";
-    return problem(x, http::status::bad_request, x.code, "Invalid JSON", fp.reason);
-  }
-  x.fingerprint = std::move(fp.value);
+  x.fingerprint = idempotency::fingerprint(x.route->fingerprint, parts, x.body->body);
   return std::nullopt;
 }
 
@@ -646,7 +684,16 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
   const auto& rs = *x.route->settings;
   x.outcome = Outcome::rejected;
   if (auto refused = admit_tenant(x)) return refused;
-  if (auto refused = admit_key(x)) return refused;
+  // A key in the header or the query is checked before the body is read (docs/http.md's
+  // order); a key in the body can only be read from the body.
+  const bool key_in_body = x.route->key.from == settings::KeySource::body;
+  if (!key_in_body) {
+    if (auto refused = admit_key(x)) return refused;
+  }
+  if (auto refused = admit_body(x)) return refused;
+  if (key_in_body) {
+    if (auto refused = admit_key(x)) return refused;
+  }
   if (auto refused = admit_fingerprint(x)) return refused;
   if (auto refused = admit_principal(x)) return refused;
   x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
@@ -659,9 +706,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   const auto& rs = *x.route->settings;
   // A key-less request on an optional route is not the store's business: it passes through
   // unprotected, whatever its tenant header says.
-  if (!rs.key.required && field_values(x.request.base(), rs.key.header).empty()) {
-    co_return co_await pass_through(x);
-  }
+  if (!rs.key.required && carries_no_key(x)) co_return co_await pass_through(x);
   if (auto refused = admit(x)) co_return std::move(*refused);
   if (rs.async) co_return co_await run_async(x);
   co_return co_await run_protocol(x);
@@ -778,7 +823,7 @@ asio::awaitable<idempotency::Event> Gateway::claim(Exchange& x) {
   if (claimed->row_read) {
     lost.row_read = true;
     x.row = std::move(claimed->row);
-    if (x.row) lost.row = view_of(*x.row);
+    if (x.row) lost.row = view_of(*x.row, x);
   }
   co_return lost;
 }
@@ -787,7 +832,7 @@ asio::awaitable<idempotency::Event> Gateway::read(Exchange& x) {
   auto row = co_await timed(*deps_.metrics, x, StoreOp::read, deps_.store->read(x.claim.id));
   if (!row) co_return idempotency::StoreFailed{};
   x.row = std::move(*row);
-  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row)) : std::nullopt};
+  co_return idempotency::RowRead{x.row ? std::optional(view_of(*x.row, x)) : std::nullopt};
 }
 
 asio::awaitable<idempotency::Event> Gateway::take_over(Exchange& x, std::int64_t seen_fence) {

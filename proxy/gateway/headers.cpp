@@ -1,5 +1,9 @@
 #include "gateway/headers.hpp"
 
+#include <algorithm>
+#include <optional>
+#include <utility>
+
 #include "common/time_text.hpp"
 
 namespace idem::gateway {
@@ -97,16 +101,86 @@ std::string resource_id_from_location(std::string_view location) {
   return out;
 }
 
-std::string refetch_target(std::string_view id) {
-  id = id.substr(0, id.find('#'));
-  for (std::string_view scheme : {"http://", "https://"}) {
-    if (id.size() >= scheme.size() && iequals(id.substr(0, scheme.size()), scheme)) {
-      const auto rest = id.substr(scheme.size());
-      const auto path = rest.find_first_of("/?");
-      if (path == std::string_view::npos) return "/";
-      if (rest[path] == '?') return "/" + std::string(rest.substr(path));
-      return std::string(rest.substr(path));
+namespace {
+
+// An authority as a re-fetch compares it: the host in lower case (IPv6 in brackets), the
+// port when one was written. nullopt when it is not host[:port] (user information, stray
+// characters): such a Location is never followed.
+struct Authority {
+  std::string host;
+  std::optional<unsigned> port;
+};
+
+std::optional<Authority> read_authority(std::string_view a) {
+  Authority out;
+  std::string_view host = a;
+  std::string_view port;
+  if (!a.empty() && a.front() == '[') {
+    const auto close = a.find(']');
+    if (close == std::string_view::npos) return std::nullopt;
+    host = a.substr(0, close + 1);
+    const auto rest = a.substr(close + 1);
+    if (!rest.empty()) {
+      if (rest.front() != ':') return std::nullopt;
+      port = rest.substr(1);
     }
+  } else if (const auto colon = a.rfind(':'); colon != std::string_view::npos) {
+    host = a.substr(0, colon);
+    port = a.substr(colon + 1);
+  }
+  if (host.empty()) return std::nullopt;
+  for (const char c : host) {
+    const auto u = static_cast<unsigned char>(c);
+    // reg-name, IPv4 and IP-literal characters; '@' (user information), '%' (an encoded
+    // host two readers may decode differently) and anything else make it unfollowable.
+    const bool ok = (u >= 'a' && u <= 'z') || (u >= 'A' && u <= 'Z') || (u >= '0' && u <= '9') ||
+                    c == '-' || c == '.' || c == '_' || c == '~' || c == '[' || c == ']' || c == ':';
+    if (!ok) return std::nullopt;
+  }
+  out.host = text::lowercase(host);
+  // RFC 3986 §3.2.3: an empty port is the scheme's default.
+  if (!port.empty()) {
+    unsigned n = 0;
+    for (const char c : port) {
+      if (c < '0' || c > '9' || n > 65535) return std::nullopt;
+      n = n * 10 + static_cast<unsigned>(c - '0');
+    }
+    if (n == 0 || n > 65535) return std::nullopt;
+    out.port = n;
+  }
+  return out;
+}
+
+// Whether `candidate` (a Host field, or an entry of replay.hosts) names the authority of
+// `location`, whose scheme's default port is `default_port`. A candidate without a port
+// stands for the default one, as a Host field without a port does for its scheme; ports
+// are compared by number, so "shop:80" and "http://shop/" agree.
+bool same_authority(const Authority& location, unsigned default_port, std::string_view candidate) {
+  const auto c = read_authority(text::trim_ows(candidate));
+  if (!c || c->host != location.host) return false;
+  return c->port.value_or(default_port) == location.port.value_or(default_port);
+}
+
+}  // namespace
+
+std::string refetch_target(std::string_view id, std::string_view request_host,
+                           const std::vector<std::string>& hosts) {
+  id = id.substr(0, id.find('#'));
+  for (const auto& [scheme, default_port] : {std::pair<std::string_view, unsigned>{"http://", 80},
+                                             std::pair<std::string_view, unsigned>{"https://", 443}}) {
+    if (id.size() < scheme.size() || !iequals(id.substr(0, scheme.size()), scheme)) continue;
+    const auto rest = id.substr(scheme.size());
+    const auto path = rest.find_first_of("/?");
+    const auto location = read_authority(rest.substr(0, path));
+    if (!location) return {};
+    const bool own = same_authority(*location, default_port, request_host) ||
+                     std::any_of(hosts.begin(), hosts.end(), [&](const std::string& h) {
+                       return same_authority(*location, default_port, h);
+                     });
+    if (!own) return {};
+    if (path == std::string_view::npos) return "/";
+    if (rest[path] == '?') return "/" + std::string(rest.substr(path));
+    return std::string(rest.substr(path));
   }
   // "//host/..." is a network-path reference: another authority, never followed.
   if (id.empty() || id.front() != '/' || id.starts_with("//")) return {};

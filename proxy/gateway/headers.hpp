@@ -91,9 +91,13 @@ TargetParts split_target(std::string_view target) noexcept;
 std::string resource_id_from_location(std::string_view location);
 
 // The origin-form target a replay re-fetches for a recorded resource id (replay.mode:
-// refetch), always from the one configured upstream: a path ("/orders/7") as is, an
-// absolute http(s) URL by its path and query (its authority is never followed), a fragment
-// dropped. "" when the id names nothing that can be fetched (empty, relative, another scheme).
-std::string refetch_target(std::string_view resource_id);
+// refetch), always from the one configured upstream: a path ("/orders/7") as is; an
+// absolute http(s) URL by its path and query, but only when its authority is the retrying
+// request's own `request_host` (its Host field) or one of `hosts` (replay.hosts, normalized
+// by settings): a resource on another host is not the upstream's to answer for. A fragment
+// is dropped. "" when the id names nothing this upstream can be asked for (empty, relative,
+// another scheme, user information, another host): the record then replays its stored bytes.
+std::string refetch_target(std::string_view resource_id, std::string_view request_host,
+                           const std::vector<std::string>& hosts);
 
 }  // namespace idem::gateway

@@ -84,8 +84,16 @@ std::string reconcile_target(const settings::ReconcileSettings& rc, std::string_
 
 }  // namespace
 
+std::string refetch_target_of(const Gateway::Exchange& x, const store::Record& record) {
+  if (!record.response) return {};
+  const auto host = x.request.base().find(http::field::host);
+  return refetch_target(record.response->resource_id,
+                        host == x.request.base().end() ? std::string_view() : std::string_view(host->value()),
+                        x.route->settings->refetch_hosts);
+}
+
 asio::awaitable<idempotency::Event> Gateway::refetch(Exchange& x) {
-  const auto target = refetch_target(x.row->response->resource_id);
+  const auto target = refetch_target_of(x, *x.row);
   const auto span = obs::new_span_id();
   const auto span_start = obs::unix_now_ns();
   const auto t0 = SteadyClock::now();

@@ -28,7 +28,16 @@ void route_policy(std::string& out, const settings::RouteSettings& r) {
   string_member(out, "path", r.path);
   member(out, "key");
   out += '{';
-  string_member(out, "header", r.key.header, true);
+  // Where a client puts the key: the header, or a body member or query parameter (the
+  // header then being where it must not also be).
+  string_member(out, "from",
+                r.key.from == settings::KeySource::body    ? "body"
+                : r.key.from == settings::KeySource::query ? "query"
+                                                           : "header",
+                true);
+  string_member(out, "header", r.key.header);
+  if (r.key.from == settings::KeySource::body) string_member(out, "pointer", r.key.pointer);
+  if (r.key.from == settings::KeySource::query) string_member(out, "param", r.key.param);
   member(out, "required");
   out += r.key.required ? "true" : "false";
   member(out, "max_length");

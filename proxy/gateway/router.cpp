@@ -118,11 +118,17 @@ std::shared_ptr<const Runtime> Runtime::build(std::shared_ptr<const settings::Se
     }
     add_decided(rt->decided_headers_, route.key.header);
     for (const auto& h : route.fingerprint.headers) add_decided(rt->decided_headers_, h);
+    const std::string at = "routes[" + std::to_string(i) + "]";
     try {
-      compiled.fingerprint = idempotency::FingerprintSpec::compile(route.fingerprint);
+      compiled.key = idempotency::KeySpec::compile(route.key, route.fingerprint.format);
     } catch (const std::invalid_argument& e) {
-      throw settings::ConfigError(rt->settings_->source_file, route.source_line,
-                                  "routes[" + std::to_string(i) + "].fingerprint", e.what());
+      throw settings::ConfigError(rt->settings_->source_file, route.source_line, at + ".key", e.what());
+    }
+    try {
+      compiled.fingerprint = idempotency::FingerprintSpec::compile(route.fingerprint, route.key);
+    } catch (const std::invalid_argument& e) {
+      throw settings::ConfigError(rt->settings_->source_file, route.source_line, at + ".fingerprint",
+                                  e.what());
     }
     rt->routes_.push_back(std::move(compiled));
   }

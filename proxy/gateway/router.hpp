@@ -9,6 +9,7 @@
 
 #include "identity/identity.hpp"
 #include "idempotency/fingerprint.hpp"
+#include "idempotency/key.hpp"
 #include "settings/settings.hpp"
 
 namespace idem::gateway {
@@ -20,6 +21,7 @@ struct CompiledRoute {
   // so one key reused across /accounts/1/... and /accounts/2/... is refused, not replayed.
   bool templated = false;
   idempotency::FingerprintSpec fingerprint;
+  idempotency::KeySpec key;  // where the route reads its key
   // The path as a lenient backend might read it (loose_segments()); "{}" = any segment.
   std::vector<std::string> loose;
 };

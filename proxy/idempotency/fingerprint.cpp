@@ -43,6 +43,7 @@
 #include <openssl/evp.h>
 
 #include "idempotency/internal.hpp"
+#include "idempotency/key.hpp"
 
 namespace idem::idempotency {
 
@@ -57,6 +58,10 @@ struct FingerprintAccess {
   static const std::vector<std::pair<Pointer, Json>>& defaults(const FingerprintSpec& s) {
     return s.defaults_;
   }
+  static const std::optional<std::vector<std::string>>& key_member(const FingerprintSpec& s) {
+    return s.key_member_;
+  }
+  static const std::optional<std::string>& query_key(const FingerprintSpec& s) { return s.query_key_; }
 };
 
 namespace {
@@ -91,60 +96,13 @@ bool is_tchar(char c) noexcept {
 
 bool is_wildcard(const std::string& seg) noexcept { return seg == "*"; }
 
-// RFC 6901 array index: "0" or digits without a leading zero. "-" (one past the end)
-// names no existing element, so it never matches anything.
-std::optional<std::size_t> array_index(std::string_view seg) noexcept {
-  if (seg.empty() || (seg.size() > 1 && seg.front() == '0')) return std::nullopt;
-  std::size_t v = 0;
-  for (const char c : seg) {
-    if (c < '0' || c > '9') return std::nullopt;
-    const auto d = static_cast<std::size_t>(c - '0');
-    if (v > (static_cast<std::size_t>(-1) - d) / 10) return std::nullopt;  // no array is that long
-    v = v * 10 + d;
-  }
-  return v;
-}
-
 std::optional<Pointer> parse_pointer(std::string_view text, std::string* why) {
-  Pointer p;
-  p.text = std::string(text);
-  if (text.empty()) return p;  // the whole document
-  if (text.front() != '/') {
-    *why = "a JSON Pointer must be empty or start with '/'";
-    return std::nullopt;
-  }
-  std::string seg;
-  for (std::size_t i = 1; i <= text.size(); ++i) {
-    if (i == text.size() || text[i] == '/') {
-      p.segments.push_back(std::move(seg));
-      seg.clear();
-      continue;
-    }
-    if (text[i] == '~') {
-      if (i + 1 < text.size() && (text[i + 1] == '0' || text[i + 1] == '1')) {
-        seg.push_back(text[i + 1] == '0' ? '~' : '/');
-        ++i;
-        continue;
-      }
-      *why = "'~' must be followed by 0 or 1";
-      return std::nullopt;
-    }
-    seg.push_back(text[i]);
-  }
-  return p;
+  auto segments = detail::parse_pointer(text, why);
+  if (!segments) return std::nullopt;
+  return Pointer{std::string(text), std::move(*segments)};
 }
 
-const Json* child(const Json& node, const std::string& seg) {
-  if (const auto* o = node.as_object()) {
-    const auto it = o->find(seg);
-    return it == o->end() ? nullptr : &it->second;
-  }
-  if (const auto* a = node.as_array()) {
-    const auto idx = array_index(seg);
-    return (idx && *idx < a->size()) ? &(*a)[*idx] : nullptr;
-  }
-  return nullptr;
-}
+const Json* child(const Json& node, const std::string& seg) { return detail::child_of(node, seg); }
 
 Json* child(Json& node, const std::string& seg) {
   return const_cast<Json*>(child(static_cast<const Json&>(node), seg));
@@ -233,32 +191,10 @@ bool within(const Pointer& field, const Pointer& p) {
 
 // ---------------------------------------------------------------- body
 
-std::optional<Json> read_body(const RequestParts& request, FingerprintResult* failure) {
-  const auto fail = [&](FingerprintStatus st, std::string why) -> std::optional<Json> {
-    if (failure != nullptr) {
-      failure->status = st;
-      failure->value.clear();
-      failure->reason = std::move(why);
-    }
-    return std::nullopt;
-  };
-  // No body is a legitimate request (e.g. "POST /orders/42/cancel"); whatever the
-  // Content-Type claims, there is nothing to misread.
-  if (request.body.empty()) return Json();
-  if (!request.content_type) {
-    return fail(FingerprintStatus::unsupported_media_type, "request body without Content-Type");
-  }
-  if (!detail::is_json_media_type(*request.content_type)) {
-    return fail(FingerprintStatus::unsupported_media_type,
-                "Content-Type must be application/json or application/*+json");
-  }
-  std::string why;
-  auto body = parse_json(request.body, &why);
-  if (!body) return fail(FingerprintStatus::invalid_json, why);
-  return body;
-}
-
 Json selection(const FingerprintSpec& spec, Json body) {
+  // The key's own member is never part of the operation: each retry of one operation may
+  // carry a new key only by mistake, but every operation carries a different one.
+  if (const auto& key = FingerprintAccess::key_member(spec)) remove_at(body, *key, 0);
   const auto& defaults = FingerprintAccess::defaults(spec);
   for (const auto& [ptr, value] : defaults) apply_default(body, ptr.segments, 0, value);
   for (const auto& ptr : FingerprintAccess::ignore(spec)) remove_at(body, ptr.segments, 0);
@@ -279,14 +215,61 @@ Json selection(const FingerprintSpec& spec, Json body) {
   return Json(Json::Value(std::move(out)));
 }
 
+// What a form's tree can hold (form.hpp): strings, null, objects and arrays of them.
+bool form_typed(const Json& v) {
+  if (const auto* a = v.as_array()) return std::all_of(a->begin(), a->end(), form_typed);
+  if (const auto* o = v.as_object()) {
+    return std::all_of(o->begin(), o->end(), [](const auto& m) { return form_typed(m.second); });
+  }
+  return v.is_null() || std::holds_alternative<std::string>(v.value());
+}
+
+// The settings loader refuses these already; compile() is also called on hand-built settings.
+void check_format(const settings::FingerprintSettings& s, const settings::KeySettings& key) {
+  if (s.format == settings::BodyFormat::raw) {
+    if (s.fields || !s.ignore.empty() || !s.defaults.empty()) {
+      throw std::invalid_argument("fingerprint.format: raw hashes the exact bytes: fields, ignore and "
+                                  "defaults have no members to select");
+    }
+    if (key.from == settings::KeySource::body) {
+      throw std::invalid_argument("key.from: body needs a body with members; fingerprint.format: raw has none");
+    }
+  }
+  if (!s.media_types.empty() && s.format != settings::BodyFormat::raw) {
+    throw std::invalid_argument("fingerprint.media_types needs fingerprint.format: raw");
+  }
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------- compile
 
-FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s) {
+FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s,
+                                         const settings::KeySettings& key) {
   FingerprintSpec spec;
+  spec.body_.format = s.format;
+  spec.body_.media_types = s.media_types;
+  spec.body_.repeated_as_list = s.repeated_names == settings::RepeatedNames::list;
   spec.version_ = s.version;
   std::string why;
+  check_format(s, key);
+  if (key.from == settings::KeySource::query) spec.query_key_ = key.param;
+  if (key.from == settings::KeySource::body) {
+    // The member carrying the key is left out of the hash; as a field it would be hashed as
+    // null forever, which is the ignore-a-field mistake below.
+    auto member = key_member_segments(key.pointer, s.format);
+    if (s.fields) {
+      for (const auto& text : *s.fields) {
+        auto f = parse_pointer(text, &why);
+        if (f && f->segments.size() >= member.size() &&
+            std::equal(member.begin(), member.end(), f->segments.begin())) {
+          config_error("fields", text, "holds the idempotency key (key.pointer \"" + key.pointer +
+                                           "\"), which is never part of the fingerprint");
+        }
+      }
+    }
+    spec.key_member_ = std::move(member);
+  }
 
   if (s.fields) {
     spec.fields_.emplace();
@@ -334,6 +317,12 @@ FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s)
     }
     auto value = parse_json(value_text, &why);
     if (!value) config_error("defaults", text, "value is not valid JSON (" + why + ")");
+    // A form holds strings (and null, objects, arrays): a number could never equal what a
+    // client sends, so the default would never stand for an omitted member.
+    if (s.format == settings::BodyFormat::form && !form_typed(*value)) {
+      config_error("defaults", text, "a form body holds strings only: write the default as a string "
+                                     "(e.g. \"5\", \"true\")");
+    }
     spec.defaults_.emplace_back(std::move(*p), std::move(*value));
   }
   // Parents before children (see the body model above); ties keep the map's text order.
@@ -361,16 +350,41 @@ FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s)
 
 std::optional<std::string> canonical_form(const FingerprintSpec& spec, const RequestParts& request,
                                           FingerprintResult* failure) {
-  auto body = read_body(request, failure);
-  if (!body) return std::nullopt;
+  auto parsed = parse_body(spec.body(), request.content_type, request.body);
+  if (parsed.status != BodyStatus::ok) {
+    if (failure != nullptr) {
+      failure->status = parsed.status;
+      failure->value.clear();
+      failure->reason = std::move(parsed.reason);
+    }
+    return std::nullopt;
+  }
+  return canonical_form(spec, request, parsed.body);
+}
 
+std::string canonical_form(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
   std::string out;
   put(out, kFingerprintDomain);
   put(out, FingerprintAccess::version(spec));
   put(out, request.method);
   put(out, request.scope);
-  put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
-  put(out, canonical_text(selection(spec, std::move(*body))));
+  // The selection mode, tagged by format: a form's model is hashed in a domain of its own
+  // (the JSON layout stays as pinned); a raw body by its media type and bytes.
+  switch (body.format) {
+    case settings::BodyFormat::json:
+      put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
+      put(out, canonical_text(selection(spec, body.model)));
+      break;
+    case settings::BodyFormat::form:
+      put(out, FingerprintAccess::fields(spec) ? "form:fields" : "form:body");
+      put(out, canonical_text(selection(spec, body.model)));
+      break;
+    case settings::BodyFormat::raw:
+      put(out, "raw");
+      put(out, body.media_type ? std::string_view(*body.media_type) : std::string_view("-"));
+      put(out, body.digest);
+      break;
+  }
 
   // Sorted by lower-case name so reordering the configured list (or its spelling of
   // case) does not change fingerprints; names are case-insensitive in HTTP.
@@ -399,7 +413,8 @@ std::optional<std::string> canonical_form(const FingerprintSpec& spec, const Req
 
   if (spec.include_query()) {
     put(out, "+");
-    put(out, detail::canonical_query(request.query));
+    const auto& key = FingerprintAccess::query_key(spec);
+    put(out, key ? detail::canonical_query(request.query, *key) : detail::canonical_query(request.query));
   } else {
     put(out, "-");
   }
@@ -413,6 +428,10 @@ FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& r
   r.status = FingerprintStatus::ok;
   r.value = sha256_hex(*form);
   return r;
+}
+
+std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
+  return sha256_hex(canonical_form(spec, request, body));
 }
 
 std::string operation_id(std::string_view tenant, std::string_view scope, std::string_view key) {

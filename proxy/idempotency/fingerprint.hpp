@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "idempotency/body.hpp"
 #include "idempotency/json.hpp"
 #include "settings/settings.hpp"
 
@@ -15,8 +16,13 @@ namespace idem::idempotency {
 class FingerprintSpec {
  public:
   // Throws std::invalid_argument naming the bad pointer/default (used at config load).
-  static FingerprintSpec compile(const settings::FingerprintSettings& s);
+  // `key`: where the route's key is; a key carried in the body (its member) or the query
+  // (its parameter) is left out of the fingerprint.
+  static FingerprintSpec compile(const settings::FingerprintSettings& s,
+                                 const settings::KeySettings& key = {});
 
+  // How the route's body is read (parse_body()).
+  const BodySpec& body() const noexcept { return body_; }
   const std::vector<std::string>& header_names() const noexcept { return header_names_; }
   bool include_query() const noexcept { return query_; }
 
@@ -27,12 +33,15 @@ class FingerprintSpec {
 
  private:
   friend struct FingerprintAccess;
+  BodySpec body_;
   std::string version_;
   std::optional<std::vector<Pointer>> fields_;  // nullopt: whole body
   std::vector<Pointer> ignore_;
   std::vector<std::pair<Pointer, Json>> defaults_;
   std::vector<std::string> header_names_;  // as configured
   bool query_ = false;
+  std::optional<std::vector<std::string>> key_member_;  // key.from: body: removed first
+  std::optional<std::string> query_key_;                // key.from: query: not in the query
 };
 
 struct RequestParts {
@@ -45,7 +54,8 @@ struct RequestParts {
   std::string_view query;  // raw query string without '?', "" if none
 };
 
-enum class FingerprintStatus { ok, unsupported_media_type, invalid_json };
+// A fingerprint fails only when the body cannot be read (body.hpp).
+using FingerprintStatus = BodyStatus;
 
 struct FingerprintResult {
   FingerprintStatus status = FingerprintStatus::ok;
@@ -53,11 +63,15 @@ struct FingerprintResult {
   std::string reason;  // short, body-free explanation otherwise
 };
 
-// An empty body fingerprints as JSON null whatever its Content-Type; a non-empty body
-// needs application/json or application/*+json (parameters allowed) and valid JSON.
+// The fingerprint of a request whose body was read already (parse_body(): the one model
+// the key reader saw too); `request.content_type` and `request.body` are not read again.
+std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, const Body& body);
+
+// The same from the raw parts: the body is read here, by spec.body() (body.hpp).
 FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& request);
 
 // The canonical bytes that are hashed (exposed so tests can show what is covered).
+std::string canonical_form(const FingerprintSpec& spec, const RequestParts& request, const Body& body);
 std::optional<std::string> canonical_form(const FingerprintSpec& spec, const RequestParts& request,
                                           FingerprintResult* failure);
 

@@ -6,7 +6,10 @@
 #include <string>
 #include <string_view>
 
+#include <vector>
+
 #include "common/text.hpp"
+#include "idempotency/json.hpp"
 
 namespace idem::idempotency::detail {
 
@@ -23,6 +26,9 @@ std::optional<std::string> canonical_number(std::string_view lexeme);
 // total over arbitrary byte strings.
 bool utf16_less(std::string_view a, std::string_view b) noexcept;
 
+// Strictly valid UTF-8 (Unicode Table 3-7: no overlongs, no surrogates, at most U+10FFFF).
+bool is_valid_utf8(std::string_view s) noexcept;
+
 // Appends `s` as a canonical JSON string literal (quotes included).
 void append_json_string(std::string& out, std::string_view s);
 
@@ -30,8 +36,49 @@ void append_json_string(std::string& out, std::string_view s);
 // parameters ignored. Surrounding whitespace is tolerated.
 bool is_json_media_type(std::string_view content_type) noexcept;
 
+// The type/subtype of a Content-Type value in lower case ("" when it has none), read as
+// leniently as is_json_media_type: parameters are not looked at.
+std::string media_type_essence(std::string_view content_type);
+
+// The value of a Content-Type's charset parameter in lower case and unquoted; nullopt
+// when there is none. Read leniently: malformed parameters are passed over, as JSON and
+// form routes have always ignored parameters other than this one.
+std::optional<std::string> media_type_charset(std::string_view content_type);
+
+// A Content-Type value in canonical form, for raw bodies whose media type is hashed with
+// them: RFC 9110 §8.3.1 grammar strictly (type "/" subtype, then ";" parameters, a value a
+// token or a quoted-string), type, subtype and parameter names in lower case, values
+// unquoted (charset's in lower case) and written as a token where they are one, parameters
+// sorted by name. nullopt when malformed or when a parameter name repeats.
+std::optional<std::string> canonical_media_type(std::string_view content_type);
+
 // Canonical form of a raw query string (without '?'); see query.cpp for the rules.
 std::string canonical_query(std::string_view raw);
+
+// RFC 6901 JSON Pointer into its unescaped segments ("" is the whole document: no
+// segment); nullopt with *why set when it is not one.
+std::optional<std::vector<std::string>> parse_pointer(std::string_view text, std::string* why);
+
+// The value a pointer's segments name in `root` (an object member, or an array element by
+// its RFC 6901 index: "0" or digits without a leading zero; "-" names none), or nullptr.
+// No wildcard: '*' is a member name here.
+const Json* find_pointer(const Json& root, const std::vector<std::string>& segments);
+// One step of find_pointer.
+const Json* child_of(const Json& node, const std::string& segment);
+
+// Canonical query (canonical_query) without the parameters whose decoded name is
+// `excluded` (the idempotency key, on key.from: query routes: the key is never part of the
+// operation).
+std::string canonical_query(std::string_view raw, std::string_view excluded);
+
+// Decoded values of the query parameters named `name` (names and values form-decoded as
+// canonical_query reads them, so the two agree on which parameters these are), in order.
+// `malformed` is set when one of them has a '%' that starts no valid escape.
+struct QueryValues {
+  std::vector<std::string> values;
+  bool malformed = false;
+};
+QueryValues query_values(std::string_view raw, std::string_view name);
 
 // Trim HTTP optional whitespace (SP, HTAB) from both ends.
 using text::trim_ows;

@@ -317,6 +317,13 @@ std::string canonical_text(const Json& value) {
 
 namespace detail {
 
+bool is_valid_utf8(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < s.size();) {
+    if (decode_utf8(s, i) > 0x10FFFF) return false;
+  }
+  return true;
+}
+
 bool utf16_less(std::string_view a, std::string_view b) noexcept {
   Utf16Units ua(a);
   Utf16Units ub(b);

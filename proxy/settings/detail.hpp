@@ -48,11 +48,18 @@ std::optional<std::int64_t> parse_int(std::string_view text);
 bool is_token(std::string_view s);
 // RFC 6901 pointer: "" or '/'-separated segments whose '~' is followed by '0' or '1'.
 bool is_json_pointer(std::string_view s);
+// Where key.pointer may point: a JSON Pointer naming one member (not "", no "*" segment),
+// or a form field path ("key", "meta[key]": a name and bracketed names, none empty).
+bool is_key_pointer(std::string_view s);
 // The JSON number grammar of RFC 8259, nothing more (no '+', no leading '.', no hex).
 bool is_json_number(std::string_view s);
 
 // "host:port" with IPv6 literals in brackets. Throws SyntaxError.
 Endpoint parse_endpoint(std::string_view text);
+// "host" or "host:port" (IPv6 literals in brackets, port 1..65535), as an authority is
+// compared: the host in lower case, IPv6 in brackets, the port as written without leading
+// zeros. Throws SyntaxError.
+std::string parse_authority(std::string_view text);
 // Brackets an IPv6 literal again, so the result parses back with parse_endpoint.
 std::string format_endpoint(const Endpoint& e);
 

@@ -635,21 +635,87 @@ void parse_encryption(const Loader& L, const Item& it, EncryptionSettings& e) {
   if (auto v = m.get("allow_clear_backend_records")) e.allow_clear_backend_records = L.boolean(*v);
 }
 
-// Returns the line of key.header, for the cross-check against the tenant headers.
+// Returns the line of key.header, for the cross-check against the tenant headers. Whether
+// key.pointer suits the body's format is checked when the route is compiled.
 int parse_key(const Loader& L, const Item& it, KeySettings& k) {
-  Map m(L, it, {"header", "required", "max_length"});
+  Map m(L, it, {"from", "header", "pointer", "param", "required", "max_length"});
   int header_line = it.line;
+  if (auto v = m.get("from")) {
+    k.from = L.choice<KeySource>(
+        *v, {{"header", KeySource::header}, {"body", KeySource::body}, {"query", KeySource::query}});
+  }
   if (auto v = m.get("header")) {
     k.header = L.token(*v, "header name");
     header_line = v->line;
   }
+  // Each source has its own address, and only that one: a pointer on a query route (or a
+  // param on a body route) would read as a second place the key may come from.
+  const auto pointer = m.get("pointer");
+  const auto param = m.get("param");
+  if (pointer && k.from != KeySource::body) L.fail(*pointer, "key.pointer is only used with key.from: body");
+  if (param && k.from != KeySource::query) L.fail(*param, "key.param is only used with key.from: query");
+  if (k.from == KeySource::body) {
+    const auto v = pointer ? *pointer : m.required("pointer");
+    k.pointer = L.word(v);
+    if (!detail::is_key_pointer(k.pointer)) {
+      L.fail(v, "'" + k.pointer + "' is neither a JSON Pointer to a member (\"/idempotency_key\", "
+                "no '*' segment) nor a form field path (\"idempotency_key\", \"meta[key]\")");
+    }
+  }
+  if (k.from == KeySource::query) k.param = L.word(param ? *param : m.required("param"));
   if (auto v = m.get("required")) k.required = L.boolean(*v);
   if (auto v = m.get("max_length")) k.max_length = static_cast<std::size_t>(L.integer(*v, 1, 1024));
   return header_line;
 }
 
+void parse_body_format(const Loader& L, const Map& m, FingerprintSettings& f) {
+  if (auto v = m.get("format")) {
+    f.format = L.choice<BodyFormat>(
+        *v, {{"json", BodyFormat::json}, {"form", BodyFormat::form}, {"raw", BodyFormat::raw}});
+  }
+  // A setting of another format would read as a rule that is never applied.
+  if (auto v = m.get("media_types")) {
+    if (f.format != BodyFormat::raw) L.fail(*v, "fingerprint.media_types needs fingerprint.format: raw");
+    for (const auto& e : L.list(*v)) {
+      auto mt = idem::text::lowercase(L.text(e));
+      const auto slash = mt.find('/');
+      if (slash == std::string::npos || !detail::is_token(mt.substr(0, slash)) ||
+          !detail::is_token(mt.substr(slash + 1))) {
+        L.fail(e, "'" + mt + "' is not a media type type/subtype (write it without parameters, e.g. "
+                  "application/x-protobuf)");
+      }
+      if (std::find(f.media_types.begin(), f.media_types.end(), mt) != f.media_types.end()) {
+        L.fail(e, "'" + mt + "' is listed twice");
+      }
+      f.media_types.push_back(std::move(mt));
+    }
+  }
+  if (auto v = m.get("repeated_names")) {
+    if (f.format != BodyFormat::form) L.fail(*v, "fingerprint.repeated_names needs fingerprint.format: form");
+    f.repeated_names = L.choice<RepeatedNames>(*v, {{"reject", RepeatedNames::reject}, {"list", RepeatedNames::list}});
+  }
+}
+
+// Raw bytes have no members to select, ignore or default. (An empty ignore or defaults asks
+// for nothing, and is accepted; `fields: []` would still mean "none of the body".)
+void check_raw_members(const Loader& L, const Map& m, const FingerprintSettings& f) {
+  if (f.format != BodyFormat::raw) return;
+  for (const char* key : {"fields", "ignore", "defaults"}) {
+    const auto v = m.get(key);
+    const bool asked = std::string_view(key) == "fields" ? v.has_value()
+                       : std::string_view(key) == "ignore" ? !f.ignore.empty()
+                                                           : !f.defaults.empty();
+    if (asked) {
+      L.fail(*v, std::string("fingerprint.") + key + " selects members of a parsed body; "
+                 "fingerprint.format: raw hashes the exact bytes");
+    }
+  }
+}
+
 void parse_fingerprint(const Loader& L, const Item& it, FingerprintSettings& f) {
-  Map m(L, it, {"version", "fields", "ignore", "defaults", "headers", "query"});
+  Map m(L, it, {"format", "media_types", "repeated_names", "version", "fields", "ignore",
+                "defaults", "headers", "query"});
+  parse_body_format(L, m, f);
   if (auto v = m.get("version")) f.version = L.word(*v);
   if (auto v = m.get("fields")) {
     f.fields.emplace();
@@ -675,6 +741,7 @@ void parse_fingerprint(const Loader& L, const Item& it, FingerprintSettings& f) 
   }
   if (auto v = m.get("headers")) f.headers = L.header_list(*v);
   if (auto v = m.get("query")) f.query = L.boolean(*v);
+  check_raw_members(L, m, f);
 }
 
 void parse_store(const Loader& L, const Item& it, StoreSettings& s) {
@@ -741,10 +808,22 @@ void parse_long_operations(const Loader& L, Map& m, RouteSettings& r) {
     r.async = std::move(async);
   }
   if (auto v = m.get("replay")) {
-    Map p(L, *v, {"mode"});
+    Map p(L, *v, {"mode", "hosts"});
     if (auto mode = p.get("mode")) {
       r.replay_mode = L.choice<ReplayMode>(
           *mode, {{"stored", ReplayMode::stored}, {"refetch", ReplayMode::refetch}});
+    }
+    if (auto hosts = p.get("hosts")) {
+      // Hosts to follow mean nothing to stored replays: a list there would read as a
+      // re-fetch that never happens.
+      if (r.replay_mode != ReplayMode::refetch) L.fail(*hosts, "replay.hosts needs replay.mode: refetch");
+      for (const auto& h : L.list(*hosts)) {
+        auto authority = L.with_syntax(h, [&] { return detail::parse_authority(L.text(h)); });
+        if (std::find(r.refetch_hosts.begin(), r.refetch_hosts.end(), authority) != r.refetch_hosts.end()) {
+          L.fail(h, "'" + authority + "' is listed twice");
+        }
+        r.refetch_hosts.push_back(std::move(authority));
+      }
     }
   }
   if (auto v = m.get("on_unknown_outcome")) {
@@ -863,6 +942,18 @@ void check_route(const Loader& L, const Item& it, const TenantSettings& tenant,
     L.fail(lines.retention, it.path + ".retention",
            "retention (" + detail::format_duration(r.retention) + ") must be at least the lease (" +
                detail::format_duration(r.lease) + "): a record must outlive its claim");
+  }
+  // The key's place must exist in the body's format: raw bytes have no members, and a JSON
+  // body names them by JSON Pointer only ("meta[key]" is a form's way).
+  if (r.key.from == KeySource::body && r.fingerprint.format == BodyFormat::raw) {
+    L.fail(lines.key_header, it.path + ".key.from",
+           "key.from: body needs a body with members; fingerprint.format: raw has none");
+  }
+  if (r.key.from == KeySource::body && r.fingerprint.format == BodyFormat::json &&
+      r.key.pointer.front() != '/') {
+    L.fail(lines.key_header, it.path + ".key.pointer",
+           "'" + r.key.pointer + "' is a form field path; a JSON body names its key member by JSON "
+           "Pointer, e.g. '/" + r.key.pointer + "'");
   }
   const auto key_header = idem::text::lowercase(r.key.header);
   if (key_header == idem::text::lowercase(tenant.header) ||

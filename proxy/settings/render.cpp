@@ -440,7 +440,21 @@ void render_globals(YamlOut& y, const Settings& s) {
 
 void render_fingerprint(YamlOut& y, const FingerprintSettings& f) {
   y.section(4, "fingerprint");
+  y.line(6, "format", f.format == BodyFormat::form  ? "form"
+                      : f.format == BodyFormat::raw ? "raw"
+                                                    : "json");
+  // Each written only where the loader accepts it.
+  if (f.format == BodyFormat::raw) y.line(6, "media_types", flow_list(f.media_types));
+  if (f.format == BodyFormat::form) {
+    y.line(6, "repeated_names", f.repeated_names == RepeatedNames::list ? "list" : "reject");
+  }
   y.line(6, "version", yaml_quote(f.version));
+  if (f.format == BodyFormat::raw) {
+    y.text += "      # fields, ignore, defaults: a raw body is hashed as its exact bytes\n";
+    y.line(6, "headers", flow_list(f.headers));
+    y.line(6, "query", yes_no(f.query));
+    return;
+  }
   if (f.fields) {
     y.line(6, "fields", flow_list(*f.fields));
   } else {
@@ -463,7 +477,13 @@ void render_route(YamlOut& y, const RouteSettings& r) {
   y.line(4, "path", yaml_quote(r.path));
   y.line(4, "scope", yaml_quote(r.scope));
   y.section(4, "key");
+  y.line(6, "from", r.key.from == KeySource::body    ? "body"
+                    : r.key.from == KeySource::query ? "query"
+                                                     : "header");
   y.line(6, "header", yaml_quote(r.key.header));
+  // Written only where the loader accepts them.
+  if (r.key.from == KeySource::body) y.line(6, "pointer", yaml_quote(r.key.pointer));
+  if (r.key.from == KeySource::query) y.line(6, "param", yaml_quote(r.key.param));
   y.line(6, "required", yes_no(r.key.required));
   y.line(6, "max_length", std::to_string(r.key.max_length));
   render_fingerprint(y, r.fingerprint);
@@ -489,6 +509,8 @@ void render_route(YamlOut& y, const RouteSettings& r) {
   }
   y.section(4, "replay");
   y.line(6, "mode", r.replay_mode == ReplayMode::refetch ? "refetch" : "stored");
+  // Written only where the loader accepts it (refetch).
+  if (r.replay_mode == ReplayMode::refetch) y.line(6, "hosts", flow_list(r.refetch_hosts));
   y.line(4, "on_unknown_outcome",
          r.on_unknown_outcome == UnknownOutcome::reconcile ? "reconcile" : "retake");
   if (r.on_unknown_outcome == UnknownOutcome::reconcile) {

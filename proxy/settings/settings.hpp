@@ -157,13 +157,34 @@ struct EncryptionSettings {
 
 enum class Unmatched { pass, reject };
 
+// Where a request carries its idempotency key (docs/configuration.md, §4.3): the key header
+// (the IETF draft's way), a member of the body (Square's "idempotency_key"), or a query
+// parameter (AWS's ClientToken).
+enum class KeySource { header, body, query };
+
 struct KeySettings {
+  KeySource from = KeySource::header;
+  // from: header, the field that carries the key; from: body or query, the field a client
+  // must not also (or instead) send a key in.
   std::string header = "Idempotency-Key";
+  std::string pointer;  // from: body: the member's JSON Pointer (or a form field path)
+  std::string param;    // from: query: the parameter's name, as it reads decoded
   bool required = true;
   std::size_t max_length = 255;
 };
 
+// How a route's body is read (docs/configuration.md, §4.4): strict JSON; an
+// application/x-www-form-urlencoded form, nested with brackets as Stripe and Rack read it,
+// into the same model; or raw bytes, hashed with their media type.
+enum class BodyFormat { json, form, raw };
+// A form's repeated plain name ("a=1&a=2"): refused (backends disagree: first wins, last
+// wins, a list), or read as a list.
+enum class RepeatedNames { reject, list };
+
 struct FingerprintSettings {
+  BodyFormat format = BodyFormat::json;
+  std::vector<std::string> media_types;  // raw: "type/subtype" accepted, lower case; [] = any
+  RepeatedNames repeated_names = RepeatedNames::reject;  // form
   std::string version = "1";
   // JSON Pointers (RFC 6901), '*' segment = every array element. nullopt = whole body.
   std::optional<std::vector<std::string>> fields;
@@ -228,6 +249,10 @@ struct RouteSettings {
   Completion completion = Completion::sidecar;
   std::optional<AsyncSettings> async;  // absent: answers wait for the upstream
   ReplayMode replay_mode = ReplayMode::stored;
+  // replay.hosts (refetch only): authorities ("host" or "host:port", lower case) besides the
+  // retrying request's own Host whose absolute Location a replay re-fetches. Any other
+  // absolute Location is replayed from its stored bytes.
+  std::vector<std::string> refetch_hosts;
   UnknownOutcome on_unknown_outcome = UnknownOutcome::retake;
   ReconcileSettings reconcile;  // with on_unknown_outcome: reconcile
   // Line of the route's fingerprint section (or of the route) in the file, so errors found

@@ -312,6 +312,31 @@ bool is_json_pointer(std::string_view s) {
   return true;
 }
 
+bool is_key_pointer(std::string_view s) {
+  if (s.empty()) return false;
+  if (s.front() == '/') {
+    if (!is_json_pointer(s)) return false;
+    // "*" means every element of an array: a key is one value, never a list of them.
+    for (std::size_t at = 0; at != std::string_view::npos;) {
+      const auto next = s.find('/', at + 1);
+      if (s.substr(at + 1, next == std::string_view::npos ? next : next - at - 1) == "*") return false;
+      at = next;
+    }
+    return true;
+  }
+  // A form field path: name[a][b], no group empty ("[]" appends, so it names no one value).
+  const auto open = s.find('[');
+  if (open == 0 || s.substr(0, open).find(']') != std::string_view::npos) return false;
+  for (std::size_t i = open; i < s.size();) {
+    if (s[i] != '[') return false;
+    const auto close = s.find(']', i);
+    if (close == std::string_view::npos || close == i + 1) return false;
+    if (s.substr(i + 1, close - i - 1).find('[') != std::string_view::npos) return false;
+    i = close + 1;
+  }
+  return true;
+}
+
 bool is_json_number(std::string_view s) {
   std::size_t i = 0;
   const auto digits = [&] {
@@ -344,6 +369,18 @@ Endpoint parse_endpoint(std::string_view text) {
   if (!hp.port) throw SyntaxError("missing port in '" + std::string(text) + "': expected host:port");
   // Port 0 asks the kernel for a free port; tests start many sidecars side by side.
   return Endpoint{std::move(hp.host), parse_port(*hp.port, 0)};
+}
+
+std::string parse_authority(std::string_view text) {
+  if (text.empty()) throw SyntaxError("empty host: expected host or host:port");
+  if (text.find_first_of("/?#@") != std::string_view::npos || text.find("://") != std::string_view::npos) {
+    throw SyntaxError("'" + std::string(text) + "' is not a host or host:port (no scheme, path or user information)");
+  }
+  auto hp = split_host_port(text);
+  std::string out = text::lowercase(hp.host);
+  if (out.find(':') != std::string::npos) out = "[" + out + "]";
+  if (hp.port) out += ":" + std::to_string(parse_port(*hp.port, 1));
+  return out;
 }
 
 std::string format_endpoint(const Endpoint& e) {

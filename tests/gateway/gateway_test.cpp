@@ -1381,6 +1381,64 @@ TEST_CASE("refetch: a record without a Location replays its stored bytes") {
 
 namespace {
 
+// The create answers 201 with `location` as its Location.
+void create_at(ScriptedUpstream& up, std::string location) {
+  up.scripts.push_back([location](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set(http::field::location, location);
+    co_return out;
+  });
+}
+
+}  // namespace
+
+TEST_CASE("refetch: an absolute Location on another host replays the stored bytes; nothing is fetched") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  create_at(f.upstream, "http://other.example/orders/ord-1");
+  auto first = f.call(Fixture::order("k1", kBody));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  REQUIRE(f.row("k1")->response->resource_id == "http://other.example/orders/ord-1");
+
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(f.upstream.calls.size() == 1);  // the backend saw the create only: no GET of /orders/ord-1
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay["Idempotent-Replay-Body"].empty());  // the stored body, not a current one
+  CHECK(replay[http::field::location] == "http://other.example/orders/ord-1");
+  CHECK(replay.body() == first.body());
+  CHECK(f.metrics.refetches("fetched") == 0);
+  CHECK(f.metrics.refetches("failed") == 0);
+}
+
+TEST_CASE("refetch: an absolute Location on the request's own host, or a listed one, is re-fetched by its path") {
+  Fixture f;
+  f.route().replay_mode = settings::ReplayMode::refetch;
+  std::string location;
+  SUBCASE("the request's Host") { location = "http://SIDECAR/orders/ord-1?view=full"; }
+  SUBCASE("a host of replay.hosts") {
+    f.route().refetch_hosts = {"orders.example:8443"};
+    location = "https://orders.example:8443/orders/ord-1?view=full";
+  }
+  create_at(f.upstream, location);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  answer_with(f.upstream, 200, R"({"order_id":"ord-1","status":"shipped"})");
+  auto replay = f.call(Fixture::order("k1", kBody));
+  REQUIRE(f.upstream.calls.size() == 2);
+  const auto& fetch = f.upstream.calls[1];
+  CHECK(fetch.method() == http::verb::get);
+  CHECK(fetch.target() == "/orders/ord-1?view=full");
+  CHECK(fetch.body().empty());
+  CHECK(replay.result_int() == 201);
+  CHECK(replay["Idempotent-Replay-Body"] == "current");
+  CHECK(replay[http::field::location] == location);
+  CHECK(replay.body() == R"({"order_id":"ord-1","status":"shipped"})");
+  CHECK(f.metrics.refetches("fetched") == 1);
+}
+
+namespace {
+
 void use_reconcile(Fixture& f) {
   f.route().on_unknown_outcome = settings::UnknownOutcome::reconcile;
   f.route().reconcile.method = "GET";
@@ -1646,7 +1704,7 @@ TEST_CASE("policy: GET policy_path tells clients each route's key, lifetime and 
   CHECK(doc[http::field::content_type] == "application/json");
   const std::string want =
       R"({"version":"1","routes":[{"name":"create-order","method":"POST","path":"/orders",)"
-      R"("key":{"header":"Idempotency-Key","required":true,"max_length":255},)"
+      R"("key":{"from":"header","header":"Idempotency-Key","required":true,"max_length":255},)"
       R"("retention_seconds":3600,"mismatch_status":409,"expiry_header":"Idempotency-Key-Expires",)"
       R"("replay":"stored","async":{"after_ms":1500,"status_path":"/operations/{operation_id}"}}]})"
       "\n";
@@ -1674,4 +1732,219 @@ TEST_CASE("async: the request's trace goes on in the job: the backend and the re
   REQUIRE(row);
   REQUIRE(row->response);
   CHECK(row->response->trace_id == trace);
+}
+
+namespace {
+
+// The fixture's route with its key moved: into the body (Square's idempotency_key) or the
+// query (AWS's ClientToken).
+void key_in_body(Fixture& f, bool required = true) {
+  auto s = f.holder->load()->settings();
+  s.routes.front().key.from = settings::KeySource::body;
+  s.routes.front().key.pointer = "/idempotency_key";
+  s.routes.front().key.required = required;
+  s.routes.front().fingerprint.fields.reset();  // the whole body, the key member left out
+  s.routes.front().fingerprint.defaults.clear();
+  f.configure(s);
+}
+
+void key_in_query(Fixture& f) {
+  auto s = f.holder->load()->settings();
+  s.routes.front().key.from = settings::KeySource::query;
+  s.routes.front().key.param = "ClientToken";
+  s.routes.front().fingerprint.query = true;
+  f.configure(s);
+}
+
+server::Request body_order(std::string body, std::string_view tenant = "t1") {
+  return Fixture::order("", std::move(body), tenant);
+}
+
+server::Request query_order(std::string_view query, std::string body = kBody) {
+  auto req = Fixture::order("", std::move(body));
+  req.target("/orders?" + std::string(query));
+  return req;
+}
+
+}  // namespace
+
+TEST_CASE("body key: the member scopes the record, replays, mismatches like the header key") {
+  Fixture f;
+  key_in_body(f);
+  const std::string body = R"({"idempotency_key":"sq-1","amount":1000})";
+  auto first = f.call(body_order(body));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].body() == body);  // forwarded as sent: the backend reads it too
+  CHECK(f.upstream.calls[0]["Idempotency-Key"].empty());
+  CHECK(f.upstream.calls[0]["X-Idempotency-Operation-Id"] ==
+        idempotency::operation_id("t1", "POST /orders", "sq-1"));
+  const auto row = f.row("sq-1");
+  REQUIRE(row);
+  CHECK(row->state == store::State::completed);
+
+  // Member order and spacing do not matter; the key is the member's value.
+  auto replay = f.call(body_order(R"({ "amount": 1000, "idempotency_key": "sq-1" })"));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  auto changed = f.call(body_order(R"({"idempotency_key":"sq-1","amount":2000})"));
+  CHECK(changed.result_int() == 409);
+  CHECK(problem_code(changed) == "idempotency_key_reused");
+  // Another key is another operation; another tenant's same key is its own.
+  CHECK(f.call(body_order(R"({"idempotency_key":"sq-2","amount":1000})")).result_int() == 201);
+  CHECK(f.call(body_order(body, "t2")).result_int() == 201);
+  CHECK(f.upstream.calls.size() == 3);
+  CHECK(f.store.size() == 3);
+}
+
+TEST_CASE("body key: missing, invalid, in the header too or instead: 400, nothing claimed or forwarded") {
+  Fixture f;
+  key_in_body(f);
+  struct Case {
+    std::string body;
+    std::string header;
+    std::string code;
+  };
+  for (const Case& c : std::vector<Case>{
+           {R"({"amount":1})", "", "idempotency_key_missing"},
+           {R"({"idempotency_key":"","amount":1})", "", "idempotency_key_invalid"},
+           {R"({"idempotency_key":7,"amount":1})", "", "idempotency_key_invalid"},
+           {R"({"idempotency_key":"two words"})", "", "idempotency_key_invalid"},
+           {R"({"amount":1})", "k-1", "idempotency_key_misplaced"},
+           {R"({"idempotency_key":"k-1","amount":1})", "k-1", "idempotency_key_ambiguous"},
+           {R"({"idempotency_key":"k-1",)", "", "invalid_json"},
+       }) {
+    INFO(c.body, " / header ", c.header);
+    auto req = Fixture::order(c.header, c.body);
+    auto res = f.call(std::move(req));
+    CHECK(res.result_int() == 400);
+    CHECK(problem_code(res) == c.code);
+  }
+  CHECK(f.upstream.calls.empty());
+  CHECK(f.store.size() == 0);
+  CHECK(f.probe.claims == 0);
+}
+
+TEST_CASE("body key: a route with required: false passes a body without the member through") {
+  Fixture f;
+  key_in_body(f, /*required=*/false);
+  CHECK(f.call(body_order(R"({"amount":1})")).result_int() == 201);
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 0);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::passthrough) == 1);
+  // A key in the header instead is still a mistake to say, not a reason to run unprotected.
+  CHECK(problem_code(f.call(Fixture::order("k-1", R"({"amount":1})"))) == "idempotency_key_misplaced");
+  CHECK(f.call(body_order(R"({"idempotency_key":"k-1","amount":1})")).result_int() == 201);
+  CHECK(f.store.size() == 1);
+}
+
+TEST_CASE("query key: the parameter scopes the record, replays, mismatches like the header key") {
+  Fixture f;
+  key_in_query(f);
+  auto first = f.call(query_order("ClientToken=tok-1&dry_run=false"));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].target() == "/orders?ClientToken=tok-1&dry_run=false");
+  CHECK(f.row("tok-1")->state == store::State::completed);
+  // Parameter order and escaping do not matter, the key's own parameter is not the operation.
+  auto replay = f.call(query_order("dry_run=false&Client%54oken=tok-1"));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  CHECK(problem_code(f.call(query_order("ClientToken=tok-1&dry_run=true"))) == "idempotency_key_reused");
+  CHECK(problem_code(f.call(query_order("ClientToken=tok-1", R"({"customer_id":"c2","amount":1000})"))) ==
+        "idempotency_key_reused");
+  CHECK(f.upstream.calls.size() == 1);
+
+  for (const auto& [query, code] : std::vector<std::pair<std::string, std::string>>{
+           {"dry_run=false", "idempotency_key_missing"},
+           {"ClientToken=a&ClientToken=a", "idempotency_key_invalid"},
+           {"ClientToken=a%zz", "idempotency_key_invalid"}}) {
+    INFO(query);
+    CHECK(problem_code(f.call(query_order(query))) == code);
+  }
+  auto misplaced = Fixture::order("tok-2", kBody);
+  CHECK(problem_code(f.call(std::move(misplaced))) == "idempotency_key_misplaced");
+  auto both = query_order("ClientToken=tok-2");
+  both.set("Idempotency-Key", "tok-2");
+  CHECK(problem_code(f.call(std::move(both))) == "idempotency_key_ambiguous");
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 1);
+}
+
+namespace {
+
+void body_format(Fixture& f, settings::BodyFormat format, std::vector<std::string> media_types = {}) {
+  auto s = f.holder->load()->settings();
+  auto& r = s.routes.front();
+  r.fingerprint = settings::FingerprintSettings{};
+  r.fingerprint.format = format;
+  r.fingerprint.media_types = std::move(media_types);
+  if (format == settings::BodyFormat::form) {
+    r.key.from = settings::KeySource::body;
+    r.key.pointer = "metadata[idempotency_key]";
+  }
+  f.configure(s);
+}
+
+server::Request typed_order(std::string_view key, std::string content_type, std::string body) {
+  auto req = Fixture::order(key, std::move(body));
+  req.set(http::field::content_type, content_type);
+  return req;
+}
+
+}  // namespace
+
+TEST_CASE("form body: a key in a form field scopes, replays and mismatches; refusals claim nothing") {
+  Fixture f;
+  body_format(f, settings::BodyFormat::form);
+  const std::string ct = "application/x-www-form-urlencoded";
+  const std::string body = "amount=2000&currency=usd&metadata[idempotency_key]=st-1&items[0][price]=p_1";
+  auto first = f.call(typed_order("", ct, body));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].body() == body);
+  CHECK(f.row("st-1")->state == store::State::completed);
+  auto replay = f.call(typed_order("", ct, "items[][price]=p_1&metadata%5Bidempotency_key%5D=st-1&currency=usd&amount=2000"));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  CHECK(problem_code(f.call(typed_order("", ct, "amount=2001&currency=usd&metadata[idempotency_key]=st-1&items[0][price]=p_1"))) ==
+        "idempotency_key_reused");
+
+  for (const auto& [content_type, form, code] : std::vector<std::tuple<std::string, std::string, std::string>>{
+           {ct, "amount=1&amount=2&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct, "amount=1&amount[x]=2&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct, "amount=%zz&metadata[idempotency_key]=st-2", "invalid_form"},
+           {ct + "; charset=iso-8859-1", "amount=1&metadata[idempotency_key]=st-2", "unsupported_charset"},
+           {"application/json", R"({"amount":1})", "unsupported_media_type"},
+           {ct, "amount=1", "idempotency_key_missing"},
+           {ct, "amount=1&metadata[idempotency_key]", "idempotency_key_invalid"},
+       }) {
+    INFO(content_type, " / ", form);
+    auto res = f.call(typed_order("", content_type, form));
+    CHECK(problem_code(res) == code);
+    CHECK(res.result_int() == (code.starts_with("unsupported") ? 415 : 400));
+  }
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 1);
+}
+
+TEST_CASE("raw body: the exact bytes with their media type; others refused before any claim") {
+  Fixture f;
+  body_format(f, settings::BodyFormat::raw, {"application/x-protobuf"});
+  const std::string proto("\x0a\x03" "A-1\x10\x02\x00\xff", 9);
+  auto first = f.call(typed_order("k1", "application/x-protobuf", proto));
+  REQUIRE(first.result_int() == 201);
+  REQUIRE(f.upstream.calls.size() == 1);
+  CHECK(f.upstream.calls[0].body() == proto);
+  auto replay = f.call(typed_order("k1", "Application/X-Protobuf", proto));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(replay.body() == first.body());
+  std::string changed = proto;
+  changed.back() = '\xfe';
+  CHECK(problem_code(f.call(typed_order("k1", "application/x-protobuf", changed))) == "idempotency_key_reused");
+  auto other = f.call(typed_order("k2", "application/json", "{}"));
+  CHECK(other.result_int() == 415);
+  CHECK(problem_code(other) == "unsupported_media_type");
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.store.size() == 1);
 }

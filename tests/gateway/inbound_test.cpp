@@ -119,18 +119,38 @@ TEST_CASE("headers: a Location with bytes outside printable ASCII is a text reso
   CHECK(resource_id_from_location("/orders/\xff\xfe x") == "/orders/%FF%FE%20x");
 }
 
-TEST_CASE("headers: a re-fetch never leaves the upstream: an absolute URL by its path only") {
-  CHECK(refetch_target("/orders/ord-1") == "/orders/ord-1");
-  CHECK(refetch_target("/orders/ord-1?view=full#top") == "/orders/ord-1?view=full");
-  CHECK(refetch_target("https://evil.example/orders/1") == "/orders/1");
-  CHECK(refetch_target("HTTP://evil.example:8080/a?b") == "/a?b");
-  CHECK(refetch_target("http://evil.example?x=1") == "/?x=1");
-  CHECK(refetch_target("http://evil.example") == "/");
-  CHECK(refetch_target("//evil.example/orders/1").empty());
-  CHECK(refetch_target("orders/1").empty());
-  CHECK(refetch_target("ftp://host/x").empty());
-  CHECK(refetch_target("").empty());
-  CHECK(refetch_target("#frag").empty());
+TEST_CASE("headers: a re-fetch never leaves the upstream: a path, or an absolute URL of the request's host") {
+  const std::vector<std::string> none;
+  CHECK(refetch_target("/orders/ord-1", "shop.example", none) == "/orders/ord-1");
+  CHECK(refetch_target("/orders/ord-1?view=full#top", "shop.example", none) == "/orders/ord-1?view=full");
+  // The request's own host, compared as an authority: case, default ports, an empty port.
+  CHECK(refetch_target("https://shop.example/orders/1", "shop.example", none) == "/orders/1");
+  CHECK(refetch_target("HTTP://Shop.Example:8080/a?b", "shop.example:8080", none) == "/a?b");
+  CHECK(refetch_target("http://shop.example?x=1", "SHOP.example", none) == "/?x=1");
+  CHECK(refetch_target("http://shop.example", "shop.example:80", none) == "/");
+  CHECK(refetch_target("http://shop.example:/o", "shop.example", none) == "/o");
+  CHECK(refetch_target("https://shop.example:443/o", "shop.example", none) == "/o");
+  CHECK(refetch_target("http://[::1]:8080/o", "[::1]:8080", none) == "/o");
+  // Another host, another port, user information, an encoded host: never followed.
+  CHECK(refetch_target("http://other.example/orders/1", "shop.example", none).empty());
+  CHECK(refetch_target("http://shop.example:8080/o", "shop.example", none).empty());
+  CHECK(refetch_target("https://shop.example/o", "shop.example:80", none).empty());
+  CHECK(refetch_target("http://shop.example@other.example/o", "shop.example", none).empty());
+  CHECK(refetch_target("http://user@shop.example/o", "shop.example", none).empty());
+  CHECK(refetch_target("http://shop%2Eexample/o", "shop%2Eexample", none).empty());
+  CHECK(refetch_target("http://shop.example.evil/o", "shop.example", none).empty());
+  CHECK(refetch_target("http://shop.example/o", "", none).empty());  // HTTP/1.0 without Host
+  // ...unless the route lists it (replay.hosts, normalized by settings).
+  const std::vector<std::string> listed{"api.example", "orders.example:8443"};
+  CHECK(refetch_target("https://API.example/orders/1", "shop.example", listed) == "/orders/1");
+  CHECK(refetch_target("https://orders.example:8443/o/2", "shop.example", listed) == "/o/2");
+  CHECK(refetch_target("https://orders.example/o/2", "shop.example", listed).empty());
+  // Not absolute http(s), not a path: nothing to fetch.
+  CHECK(refetch_target("//shop.example/orders/1", "shop.example", none).empty());
+  CHECK(refetch_target("orders/1", "shop.example", none).empty());
+  CHECK(refetch_target("ftp://shop.example/x", "shop.example", none).empty());
+  CHECK(refetch_target("", "shop.example", none).empty());
+  CHECK(refetch_target("#frag", "shop.example", none).empty());
 }
 
 TEST_CASE("router: loose segments read a path as lenient backends do") {
@@ -199,6 +219,33 @@ TEST_CASE("inbound: a method override towards a route, or on a route's request, 
   CHECK(check_inbound(same, "POST", "/orders", *rt, rt->match("POST", "/orders")).ok);
   auto other = fields_of({{"X-HTTP-Method-Override", "DELETE"}});
   CHECK(check_inbound(other, "POST", "/orders/1", *rt, nullptr).ok);
+}
+
+}  // namespace idem::gateway
+
+namespace idem::gateway {
+
+TEST_CASE("router: a route whose fingerprint or key cannot be compiled is a configuration error naming it") {
+  auto s = std::make_shared<settings::Settings>();
+  settings::RouteSettings r;
+  r.name = "stripe";
+  r.method = "POST";
+  r.path = "/v1/charges";
+  r.scope = "POST /v1/charges";
+  r.source_line = 12;
+  r.fingerprint.format = settings::BodyFormat::form;
+  r.fingerprint.defaults["/qty"] = "1";  // a form holds strings: this default could never apply
+  s->routes.push_back(r);
+  try {
+    Runtime::build(s);
+    FAIL("a number default on a form route was accepted");
+  } catch (const settings::ConfigError& e) {
+    CHECK(e.key() == "routes[0].fingerprint");
+    CHECK(e.line() == 12);
+    CHECK(std::string(e.what()).find("strings only") != std::string::npos);
+  }
+  s->routes[0].fingerprint.defaults["/qty"] = "\"1\"";
+  CHECK_NOTHROW(Runtime::build(s));
 }
 
 }  // namespace idem::gateway

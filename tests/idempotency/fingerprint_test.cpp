@@ -9,6 +9,7 @@
 
 #include "idempotency/fingerprint.hpp"
 #include "idempotency/internal.hpp"
+#include "idempotency/key.hpp"
 
 using namespace idem::idempotency;
 using idem::settings::FingerprintSettings;
@@ -633,4 +634,271 @@ TEST_CASE("operation_id, log_hash, sha256_hex") {
   // Domain separation: the log hash is not a piece of the id sent upstream.
   CHECK(id.find(lh) == std::string::npos);
   CHECK(sha256_hex("t1k1").substr(0, 12) != lh);
+}
+
+namespace {
+
+idem::settings::KeySettings body_key(std::string pointer) {
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::body;
+  k.pointer = std::move(pointer);
+  return k;
+}
+
+idem::settings::KeySettings query_key(std::string param) {
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::query;
+  k.param = std::move(param);
+  return k;
+}
+
+}  // namespace
+
+TEST_CASE("fingerprint: the member carrying the key is never part of the operation") {
+  // Whole body: the key member goes, everything else counts.
+  const auto whole = FingerprintSpec::compile(FingerprintSettings{}, body_key("/idempotency_key"));
+  const auto a = fp(whole, body(R"({"idempotency_key":"k-1","amount":10})"));
+  CHECK(fp(whole, body(R"({"amount":10,"idempotency_key":"k-2"})")) == a);
+  CHECK(fp(whole, body(R"({"amount":10})")) == a);
+  CHECK(fp(whole, body(R"({"idempotency_key":"k-1","amount":11})")) != a);
+  CHECK(selected(whole, body(R"({"idempotency_key":"k-1","amount":10})")) == R"({"amount":10})");
+  // Nested, and beside fields that do not include it.
+  auto fields = order_settings();
+  const auto nested = FingerprintSpec::compile(fields, body_key("/meta/key"));
+  CHECK(selected(nested, body(R"({"customer_id":"c","meta":{"key":"x"}})")) ==
+        selected(nested, body(R"({"customer_id":"c","meta":{"key":"y"}})")));
+  // Without a body key, the same member is data like any other.
+  const auto plain = FingerprintSpec::compile(FingerprintSettings{});
+  CHECK(fp(plain, body(R"({"idempotency_key":"k-1","amount":10})")) !=
+        fp(plain, body(R"({"idempotency_key":"k-2","amount":10})")));
+  // The layout is the one pinned above: a route without a body key keeps its fingerprints.
+  CHECK(fp(whole, body(R"({"amount":10})")) == fp(plain, body(R"({"amount":10})")));
+}
+
+TEST_CASE("fingerprint: the query parameter carrying the key is never part of the operation") {
+  FingerprintSettings on;
+  on.query = true;
+  const auto spec = FingerprintSpec::compile(on, query_key("ClientToken"));
+  auto q = [](std::string query) {
+    Req r;
+    r.query = std::move(query);
+    return r;
+  };
+  const auto f = fp(spec, q("ClientToken=t-1&dry=1"));
+  CHECK(fp(spec, q("dry=1&ClientToken=t-2")) == f);
+  CHECK(fp(spec, q("dry=1&Client%54oken=t-3")) == f);  // the name as it reads decoded
+  CHECK(fp(spec, q("dry=1")) == f);
+  CHECK(fp(spec, q("ClientToken=t-1&dry=2")) != f);
+  CHECK(fp(spec, q("clienttoken=t-1&dry=1")) != f);  // another parameter: names are exact
+  CHECK(detail::canonical_query("ClientToken=t&b=2&a=1", "ClientToken") == "a=1&b=2");
+}
+
+TEST_CASE("FingerprintSpec::compile refuses a field that holds the body key") {
+  auto s = order_settings();
+  s.fields->push_back("/idempotency_key");
+  CHECK_THROWS_WITH_AS(FingerprintSpec::compile(s, body_key("/idempotency_key")),
+                       doctest::Contains("holds the idempotency key"), std::invalid_argument);
+  FingerprintSettings below;
+  below.fields = std::vector<std::string>{"/meta/key/part"};
+  CHECK_THROWS_AS(FingerprintSpec::compile(below, body_key("/meta/key")), std::invalid_argument);
+  // A field around the key member selects the rest of it.
+  FingerprintSettings parent;
+  parent.fields = std::vector<std::string>{"/meta"};
+  const auto around = FingerprintSpec::compile(parent, body_key("/meta/key"));
+  CHECK(selected(around, body(R"({"meta":{"key":"k","src":"app"}})")) == R"({"/meta":{"src":"app"}})");
+  FingerprintSettings sibling;
+  sibling.fields = std::vector<std::string>{"/meta/other"};
+  CHECK_NOTHROW(FingerprintSpec::compile(sibling, body_key("/meta/key")));
+}
+
+namespace {
+
+using idem::settings::BodyFormat;
+
+FingerprintSettings format(BodyFormat f) {
+  FingerprintSettings s;
+  s.format = f;
+  return s;
+}
+
+Req typed(std::string content_type, std::string b) {
+  Req r;
+  r.content_type = std::move(content_type);
+  r.body = std::move(b);
+  return r;
+}
+
+Req form(std::string b) { return typed("application/x-www-form-urlencoded", std::move(b)); }
+
+BodyParse parsed(const FingerprintSpec& spec, const Req& r) {
+  const auto p = r.parts();
+  return parse_body(spec.body(), p.content_type, p.body);
+}
+
+}  // namespace
+
+TEST_CASE("parse_body: each format's media type and charset") {
+  const auto json = FingerprintSpec::compile(format(BodyFormat::json));
+  const auto frm = FingerprintSpec::compile(format(BodyFormat::form));
+  auto raw_settings = format(BodyFormat::raw);
+  raw_settings.media_types = {"application/x-protobuf", "application/xml"};
+  const auto raw = FingerprintSpec::compile(raw_settings);
+  const auto any_raw = FingerprintSpec::compile(format(BodyFormat::raw));
+
+  struct Case {
+    const FingerprintSpec* spec;
+    std::optional<std::string> content_type;
+    std::string body;
+    BodyStatus status;
+  };
+  const std::vector<Case> table = {
+      {&json, "application/json", "{}", BodyStatus::ok},
+      {&json, "application/json; charset=UTF-8", "{}", BodyStatus::ok},
+      {&json, "application/json;charset=\"utf-8\"", "{}", BodyStatus::ok},
+      {&json, "application/json; charset=us-ascii", R"({"a":"b"})", BodyStatus::ok},
+      {&json, "application/json; charset=us-ascii", "{\"a\":\"\xC3\xA9\"}", BodyStatus::invalid_json},
+      {&json, "application/json; charset=iso-8859-1", "{}", BodyStatus::unsupported_charset},
+      {&json, "application/json; charset=utf-16", "{}", BodyStatus::unsupported_charset},
+      {&json, "application/json; foo", "{}", BodyStatus::ok},  // other parameters: ignored, as always
+      {&json, "application/x-www-form-urlencoded", "a=1", BodyStatus::unsupported_media_type},
+      {&json, std::nullopt, "", BodyStatus::ok},
+      {&frm, "application/x-www-form-urlencoded", "a=1", BodyStatus::ok},
+      {&frm, "Application/X-WWW-Form-Urlencoded ; charset=utf-8", "a=1", BodyStatus::ok},
+      {&frm, "application/x-www-form-urlencoded; charset=windows-1252", "a=1", BodyStatus::unsupported_charset},
+      {&frm, "application/x-www-form-urlencoded; charset=us-ascii", "a=%C3%A9", BodyStatus::invalid_form},
+      {&frm, "application/json", "{}", BodyStatus::unsupported_media_type},
+      {&frm, "multipart/form-data; boundary=x", "--x--", BodyStatus::unsupported_media_type},
+      {&frm, std::nullopt, "a=1", BodyStatus::unsupported_media_type},
+      {&frm, "application/x-www-form-urlencoded", "a=1&a=2", BodyStatus::invalid_form},
+      {&frm, "text/plain", "", BodyStatus::ok},  // empty: nothing to misread
+      {&raw, "application/x-protobuf", "\x08\x96\x01", BodyStatus::ok},
+      {&raw, "Application/XML; charset=UTF-8", "<a/>", BodyStatus::ok},
+      {&raw, "application/json", "{}", BodyStatus::unsupported_media_type},
+      {&raw, "application/x-protobuf; a=1; a=2", "x", BodyStatus::unsupported_media_type},
+      {&raw, "application/x-protobuf; a", "x", BodyStatus::unsupported_media_type},
+      {&raw, "application/x-protobuf; a=\"unclosed", "x", BodyStatus::unsupported_media_type},
+      {&raw, "application/", "x", BodyStatus::unsupported_media_type},
+      {&raw, std::nullopt, "x", BodyStatus::unsupported_media_type},
+      {&raw, std::nullopt, "", BodyStatus::ok},
+      {&any_raw, "application/vnd.acme.order+cbor", "\xA1\x01\x02", BodyStatus::ok},
+  };
+  for (const auto& c : table) {
+    INFO(c.content_type.value_or("(none)"), " / ", c.body);
+    Req r = typed("", c.body);
+    r.content_type = c.content_type;
+    const auto p = parsed(*c.spec, r);
+    CHECK(p.status == c.status);
+    CHECK(p.reason.empty() == (c.status == BodyStatus::ok));
+  }
+  CHECK(problem_code(BodyStatus::unsupported_charset) == "unsupported_charset");
+  CHECK(problem_code(BodyStatus::invalid_form) == "invalid_form");
+  CHECK(http_status(BodyStatus::unsupported_charset) == 415);
+  CHECK(http_status(BodyStatus::invalid_form) == 400);
+}
+
+TEST_CASE("fingerprint: a form is the same request however it is encoded or ordered") {
+  auto s = format(BodyFormat::form);
+  const auto whole = FingerprintSpec::compile(s);
+  const auto f = fp(whole, form("items[0][sku]=A%201&items[0][qty]=2&metadata[source]=app&name=Jane+Doe"));
+  CHECK(fp(whole, form("name=Jane%20Doe&metadata%5Bsource%5D=app&items[][qty]=2&items[][sku]=A+1")) == f);
+  CHECK(fp(whole, typed("application/x-www-form-urlencoded; charset=UTF-8",
+                        "metadata[source]=app&name=Jane+Doe&items[0][qty]=2&items[0][sku]=A 1")) == f);
+  CHECK(fp(whole, form("items[0][sku]=A%201&items[0][qty]=3&metadata[source]=app&name=Jane+Doe")) != f);
+  CHECK(fp(whole, form("items[0][sku]=A%201&items[0][qty]=2&metadata[source]=app&name=Jane")) != f);
+  CHECK(fp(whole, form("items[0][sku]=A%201&items[0][qty]=2&metadata[source]=app")) != f);
+  // The same tree from JSON is another domain: a form route's records stay its own.
+  const auto json = FingerprintSpec::compile(FingerprintSettings{});
+  CHECK(fp(json, body(R"({"a":"1"})")) != fp(whole, form("a=1")));
+  CHECK(selected(whole, form("b=2&a=1")) == R"({"a":"1","b":"2"})");
+}
+
+TEST_CASE("fingerprint: fields pointers and defaults work on a form unchanged") {
+  auto s = format(BodyFormat::form);
+  s.fields = std::vector<std::string>{"/customer", "/currency", "/items/*/price"};
+  s.defaults = {{"/currency", "\"eur\""}};
+  s.ignore = {"/trace"};
+  const auto spec = FingerprintSpec::compile(s);
+  const auto f = fp(spec, form("customer=cus_1&items[0][price]=p_1&items[1][price]=p_2&trace=t1"));
+  CHECK(fp(spec, form("customer=cus_1&currency=eur&items[][price]=p_1&items[][price]=p_2")) == f);
+  CHECK(fp(spec, form("customer=cus_1&items[0][price]=p_1&items[1][price]=p_2&items[1][qty]=9")) == f);
+  CHECK(fp(spec, form("customer=cus_1&currency=usd&items[0][price]=p_1&items[1][price]=p_2")) != f);
+  CHECK(fp(spec, form("customer=cus_1&items[0][price]=p_1")) != f);
+  CHECK(selected(spec, form("customer=cus_1&items[0][price]=p_1")) ==
+        R"({"/currency":"eur","/customer":"cus_1","/items/*/price":["p_1"]})");
+}
+
+TEST_CASE("fingerprint: a form's key member, by form field path or JSON Pointer, is left out") {
+  auto s = format(BodyFormat::form);
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::body;
+  for (const char* where : {"meta[key]", "/meta/key"}) {
+    INFO(where);
+    k.pointer = where;
+    const auto spec = FingerprintSpec::compile(s, k);
+    CHECK(fp(spec, form("amount=1&meta[key]=k-1&meta[src]=app")) ==
+          fp(spec, form("amount=1&meta[key]=k-2&meta[src]=app")));
+    CHECK(selected(spec, form("amount=1&meta[key]=k-1&meta[src]=app")) ==
+          R"({"amount":"1","meta":{"src":"app"}})");
+  }
+}
+
+TEST_CASE("fingerprint: raw is the exact bytes with their media type") {
+  const auto spec = FingerprintSpec::compile(format(BodyFormat::raw));
+  const std::string proto("\x0a\x03" "A-1\x10\x02\x00\xff", 9);
+  const auto f = fp(spec, typed("application/x-protobuf", proto));
+  CHECK(fp(spec, typed("Application/X-Protobuf", proto)) == f);
+  std::string changed = proto;
+  changed[4] = '2';
+  CHECK(fp(spec, typed("application/x-protobuf", changed)) != f);
+  CHECK(fp(spec, typed("application/x-protobuf", proto + std::string(1, '\0'))) != f);
+  CHECK(fp(spec, typed("application/octet-stream", proto)) != f);
+  // Parameters count, in one spelling.
+  const auto g = fp(spec, typed("application/x-protobuf; proto=orders.Create; charset=UTF-8", proto));
+  CHECK(fp(spec, typed("application/x-protobuf;CHARSET=\"utf-8\";  proto=\"orders.Create\"", proto)) == g);
+  CHECK(fp(spec, typed("application/x-protobuf; proto=orders.Refund; charset=utf-8", proto)) != g);
+  CHECK(g != f);
+  // An empty body with or without a type.
+  Req none = typed("", "");
+  none.content_type.reset();
+  CHECK(fp(spec, none) != fp(spec, typed("application/x-protobuf", "")));
+}
+
+TEST_CASE("canonical_form: pinned layout of form and raw bodies") {
+  const auto frm = FingerprintSpec::compile(format(BodyFormat::form));
+  FingerprintResult failure;
+  auto r = form("b=2&a[]=1");
+  const auto f = canonical_form(frm, r.parts(), &failure);
+  REQUIRE(f);
+  CHECK(*f ==
+        "23:idemproxy-fingerprint/1\n1:1\n4:POST\n12:POST /orders\n9:form:body\n19:{\"a\":[\"1\"],\"b\":\"2\"}\n"
+        "4:1:0\n\n1:-\n");
+  const auto raw = FingerprintSpec::compile(format(BodyFormat::raw));
+  const auto g = canonical_form(raw, typed("text/xml; Charset=UTF-8", "<a/>").parts(), &failure);
+  REQUIRE(g);
+  CHECK(*g == "23:idemproxy-fingerprint/1\n1:1\n4:POST\n12:POST /orders\n3:raw\n22:text/xml;charset=utf-8\n64:" +
+                  sha256_hex("<a/>") + "\n4:1:0\n\n1:-\n");
+}
+
+TEST_CASE("FingerprintSpec::compile: what each format cannot have") {
+  auto raw = format(BodyFormat::raw);
+  raw.fields = std::vector<std::string>{"/a"};
+  CHECK_THROWS_AS(FingerprintSpec::compile(raw), std::invalid_argument);
+  raw = format(BodyFormat::raw);
+  idem::settings::KeySettings k;
+  k.from = idem::settings::KeySource::body;
+  k.pointer = "/key";
+  CHECK_THROWS_AS(FingerprintSpec::compile(raw, k), std::invalid_argument);
+  auto frm = format(BodyFormat::form);
+  frm.defaults = {{"/qty", "1"}};
+  CHECK_THROWS_WITH_AS(FingerprintSpec::compile(frm), doctest::Contains("strings only"), std::invalid_argument);
+  frm.defaults = {{"/qty", "\"1\""}, {"/tags", "[\"a\",null]"}};
+  CHECK_NOTHROW(FingerprintSpec::compile(frm));
+  auto json = format(BodyFormat::json);
+  json.media_types = {"application/json"};
+  CHECK_THROWS_AS(FingerprintSpec::compile(json), std::invalid_argument);
+  // A JSON body's key member is a JSON Pointer; a form's may be a field path.
+  k.pointer = "meta[key]";
+  CHECK_THROWS_AS(KeySpec::compile(k, BodyFormat::json), std::invalid_argument);
+  CHECK(KeySpec::compile(k, BodyFormat::form).member == std::vector<std::string>{"meta", "key"});
+  CHECK_THROWS_AS(KeySpec::compile(k, BodyFormat::raw), std::invalid_argument);
 }

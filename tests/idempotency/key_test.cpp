@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include <stdexcept>
+
 #include "idempotency/key.hpp"
 
 using idem::idempotency::KeyParse;
@@ -155,4 +157,121 @@ TEST_CASE("parse_key: reasons never echo the key") {
     CHECK(r.reason.find("SECRET") == std::string::npos);
     CHECK(r.key.empty());
   }
+}
+
+namespace {
+
+using idem::idempotency::Json;
+using idem::idempotency::KeySources;
+using idem::idempotency::KeySpec;
+using idem::idempotency::read_key;
+using idem::settings::KeySettings;
+using idem::settings::KeySource;
+
+KeySpec body_spec(std::string pointer, std::size_t max_length = 16) {
+  KeySettings s;
+  s.from = KeySource::body;
+  s.pointer = std::move(pointer);
+  s.max_length = max_length;
+  return KeySpec::compile(s);
+}
+
+KeySpec query_spec(std::string param) {
+  KeySettings s;
+  s.from = KeySource::query;
+  s.param = std::move(param);
+  s.max_length = 16;
+  return KeySpec::compile(s);
+}
+
+KeyParse from_body(const KeySpec& spec, const std::string& json, std::vector<std::string> header = {}) {
+  std::string why;
+  const auto model = idem::idempotency::parse_json(json, &why);
+  REQUIRE_MESSAGE(model.has_value(), why);
+  const std::vector<std::string_view> views(header.begin(), header.end());
+  KeySources in;
+  in.header_values = views;
+  in.body = &*model;
+  return read_key(spec, in);
+}
+
+KeyParse from_query(const KeySpec& spec, std::string_view query, std::vector<std::string> header = {}) {
+  const std::vector<std::string_view> views(header.begin(), header.end());
+  KeySources in;
+  in.header_values = views;
+  in.query = query;
+  return read_key(spec, in);
+}
+
+}  // namespace
+
+TEST_CASE("read_key: a key in the body is a string member where key.pointer says") {
+  const auto top = body_spec("/idempotency_key");
+  CHECK(from_body(top, R"({"idempotency_key":"k-1","amount":1})").key == "k-1");
+  CHECK(from_body(top, R"({"idempotency_key":"k-1"})").status == KeyStatus::ok);
+  CHECK(from_body(top, R"({"amount":1})").status == KeyStatus::missing);
+  CHECK(from_body(top, "null").status == KeyStatus::missing);  // an empty body
+  CHECK(from_body(top, R"([{"idempotency_key":"k"}])").status == KeyStatus::missing);
+  const auto nested = body_spec("/meta/idem~1key");
+  CHECK(from_body(nested, R"({"meta":{"idem/key":"k-2"}})").key == "k-2");
+  CHECK(from_body(body_spec("/keys/0"), R"({"keys":["k-3"]})").key == "k-3");
+  // The same rules as the header's, on the member's value as it is (no sf-string quoting).
+  for (const char* bad : {R"({"idempotency_key":""})", R"({"idempotency_key":"two words"})",
+                          R"({"idempotency_key":"01234567890123456"})", R"({"idempotency_key":"caf\u00e9"})",
+                          R"({"idempotency_key":42})", R"({"idempotency_key":null})",
+                          R"({"idempotency_key":["k"]})", R"({"idempotency_key":{"k":"v"}})"}) {
+    INFO(bad);
+    const auto r = from_body(top, bad);
+    CHECK(r.status == KeyStatus::invalid);
+    CHECK(r.reason.find("/idempotency_key") != std::string::npos);
+  }
+  CHECK(from_body(top, R"({"idempotency_key":"\"q\""})").key == "\"q\"");
+}
+
+TEST_CASE("read_key: a key in the body and in the header, or in the header instead, is refused") {
+  const auto spec = body_spec("/idempotency_key");
+  const auto both = from_body(spec, R"({"idempotency_key":"k-1"})", {"k-1"});
+  CHECK(both.status == KeyStatus::ambiguous);
+  CHECK(both.reason.find("k-1") == std::string::npos);  // reasons never echo a key
+  CHECK(from_body(spec, R"({"idempotency_key":"k-1"})", {""}).status == KeyStatus::ambiguous);
+  const auto header_only = from_body(spec, R"({"amount":1})", {"k-1"});
+  CHECK(header_only.status == KeyStatus::misplaced);
+  CHECK(header_only.reason.find("Idempotency-Key") != std::string::npos);
+  CHECK(header_only.reason.find("/idempotency_key") != std::string::npos);
+  CHECK(from_body(spec, R"({"idempotency_key":7})", {"k"}).status == KeyStatus::ambiguous);
+}
+
+TEST_CASE("read_key: a key in the query is one parameter, form-decoded") {
+  const auto spec = query_spec("ClientToken");
+  CHECK(from_query(spec, "ClientToken=t-1").key == "t-1");
+  CHECK(from_query(spec, "a=1&ClientToken=t-1&b=2").key == "t-1");
+  CHECK(from_query(spec, "Client%54oken=%74-1").key == "t-1");
+  CHECK(from_query(spec, "ClientToken=a%2Bb").key == "a+b");
+  CHECK(from_query(spec, "").status == KeyStatus::missing);
+  CHECK(from_query(spec, "clienttoken=t").status == KeyStatus::missing);  // names are exact
+  for (const char* bad : {"ClientToken=t-1&ClientToken=t-1", "ClientToken=", "ClientToken",
+                          "ClientToken=a+b", "ClientToken=a%20b", "ClientToken=a%zz",
+                          "ClientToken=a%4", "ClientToken=%C3%A9", "ClientToken=0123456789abcdefg"}) {
+    INFO(bad);
+    CHECK(from_query(spec, bad).status == KeyStatus::invalid);
+  }
+  CHECK(from_query(spec, "ClientToken=t-1", {"t-1"}).status == KeyStatus::ambiguous);
+  CHECK(from_query(spec, "a=1", {"t-1"}).status == KeyStatus::misplaced);
+}
+
+TEST_CASE("read_key: a header route reads the header alone, as parse_key") {
+  KeySettings s;
+  s.max_length = 16;
+  const auto spec = KeySpec::compile(s);
+  CHECK(from_query(spec, "ClientToken=x", {"\"k-1\""}).key == "k-1");
+  CHECK(from_query(spec, "", {}).status == KeyStatus::missing);
+  CHECK(from_query(spec, "", {"a", "b"}).status == KeyStatus::invalid);
+}
+
+TEST_CASE("KeySpec::compile refuses a key.pointer that names no one member") {
+  for (const char* bad : {"", "/*", "/items/*/key", "/a~2", "idempotency_key"}) {
+    INFO(bad);
+    CHECK_THROWS_AS(body_spec(bad), std::invalid_argument);
+  }
+  CHECK(body_spec("/").member.size() == 1);
 }

@@ -253,6 +253,18 @@ TEST_CASE("long-operation settings") {
   CHECK_CONFIG_ERROR(kRoute + "    async: {after: 1m, status_path: \"/op/{operation_id}\"}\n", 9,
                      "routes[0].async.after", "response_timeout");
   CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: fresh}\n", 9, "routes[0].replay.mode", "refetch");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {hosts: [a.example]}\n", 9, "routes[0].replay.hosts",
+                     "needs replay.mode: refetch");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: refetch, hosts: [\"http://a.example\"]}\n", 9,
+                     "routes[0].replay.hosts[0]", "not a host or host:port");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: refetch, hosts: [\"a.example/x\"]}\n", 9,
+                     "routes[0].replay.hosts[0]", "not a host or host:port");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: refetch, hosts: [\"a.example:0\"]}\n", 9,
+                     "routes[0].replay.hosts[0]", "invalid port");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: refetch, hosts: [a.example, A.EXAMPLE]}\n", 9,
+                     "routes[0].replay.hosts[1]", "listed twice");
+  CHECK_CONFIG_ERROR(kRoute + "    replay: {mode: refetch, hosts: [\"\"]}\n", 9,
+                     "routes[0].replay.hosts[0]", "empty host");
   CHECK_CONFIG_ERROR(kRoute + "    on_unknown_outcome: reconcile\n", 9,
                      "routes[0].on_unknown_outcome", "needs reconcile");
   CHECK_CONFIG_ERROR(kRoute + "    reconcile: {path: \"/o/{operation_id}\"}\n", 9,

@@ -467,3 +467,89 @@ TEST_CASE("replay_cache: switch, byte budget and ttl") {
   CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  enabled: maybe\n", 6, "replay_cache.enabled", "");
   CHECK_CONFIG_ERROR(kMinimal + "replay_cache:\n  size: 1MiB\n", 6, "replay_cache.size", "");
 }
+
+TEST_CASE("key.from: header (default), body with key.pointer, query with key.param") {
+  const std::string routes = "routes:\n"
+                             "  - {name: h, method: POST, path: /h}\n"
+                             "  - name: b\n"
+                             "    method: POST\n"
+                             "    path: /b\n"
+                             "    key: {from: body, pointer: /idempotency_key}\n"
+                             "  - name: q\n"
+                             "    method: POST\n"
+                             "    path: /q\n"
+                             "    key: {from: query, param: ClientToken, header: X-Client-Token}\n";
+  const auto s = load(kMinimal + routes);
+  REQUIRE(s->routes.size() == 3);
+  CHECK(s->routes[0].key.from == KeySource::header);
+  CHECK(s->routes[0].key.pointer.empty());
+  CHECK(s->routes[1].key.from == KeySource::body);
+  CHECK(s->routes[1].key.pointer == "/idempotency_key");
+  CHECK(s->routes[1].key.header == "Idempotency-Key");
+  CHECK(s->routes[2].key.from == KeySource::query);
+  CHECK(s->routes[2].key.param == "ClientToken");
+  CHECK(s->routes[2].key.header == "X-Client-Token");
+
+  const std::string r = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n";  // key at line 9
+  CHECK_CONFIG_ERROR(r + "    key: {from: form}\n", 9, "routes[0].key.from", "header | body | query");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body}\n", 9, "routes[0].key.pointer", "missing required key 'pointer'");
+  CHECK_CONFIG_ERROR(r + "    key: {from: query}\n", 9, "routes[0].key.param", "missing required key 'param'");
+  CHECK_CONFIG_ERROR(r + "    key: {pointer: /k}\n", 9, "routes[0].key.pointer", "only used with key.from: body");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: /k, param: k}\n", 9, "routes[0].key.param",
+                     "only used with key.from: query");
+  CHECK_CONFIG_ERROR(r + "    key: {from: query, param: \"\"}\n", 9, "routes[0].key.param", "must not be empty");
+  for (const char* bad : {"\"\"", "/items/*/key", "\"/a~2\"", "\"k[]\"", "\"[k]\"", "\"k[a]b\"", "\"k[a\""}) {
+    INFO(bad);
+    CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: " + bad + "}\n", 9, "routes[0].key.pointer", "");
+  }
+}
+
+TEST_CASE("fingerprint.format: json (default), form with repeated_names, raw with media_types") {
+  const std::string routes = "routes:\n"
+                             "  - {name: j, method: POST, path: /j}\n"
+                             "  - name: f\n"
+                             "    method: POST\n"
+                             "    path: /f\n"
+                             "    key: {from: body, pointer: \"metadata[idempotency_key]\"}\n"
+                             "    fingerprint: {format: form, repeated_names: list, defaults: {/currency: \"usd\"}}\n"
+                             "  - name: r\n"
+                             "    method: POST\n"
+                             "    path: /r\n"
+                             "    fingerprint: {format: raw, media_types: [Application/X-Protobuf, application/xml]}\n";
+  const auto s = load(kMinimal + routes);
+  REQUIRE(s->routes.size() == 3);
+  CHECK(s->routes[0].fingerprint.format == BodyFormat::json);
+  CHECK(s->routes[1].fingerprint.format == BodyFormat::form);
+  CHECK(s->routes[1].fingerprint.repeated_names == RepeatedNames::list);
+  CHECK(s->routes[1].key.pointer == "metadata[idempotency_key]");
+  CHECK(s->routes[2].fingerprint.format == BodyFormat::raw);
+  CHECK(s->routes[2].fingerprint.media_types == std::vector<std::string>{"application/x-protobuf", "application/xml"});
+  CHECK(s->routes[2].fingerprint.repeated_names == RepeatedNames::reject);
+
+  const std::string r = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n";  // line 9 next
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: xml}\n", 9, "routes[0].fingerprint.format", "json | form | raw");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {media_types: [application/xml]}\n", 9,
+                     "routes[0].fingerprint.media_types", "needs fingerprint.format: raw");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [\"application/xml; charset=utf-8\"]}\n", 9,
+                     "routes[0].fingerprint.media_types[0]", "without parameters");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [xml]}\n", 9,
+                     "routes[0].fingerprint.media_types[0]", "type/subtype");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, media_types: [a/b, A/B]}\n", 9,
+                     "routes[0].fingerprint.media_types[1]", "listed twice");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {repeated_names: list}\n", 9, "routes[0].fingerprint.repeated_names",
+                     "needs fingerprint.format: form");
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: form, repeated_names: last}\n", 9,
+                     "routes[0].fingerprint.repeated_names", "reject | list");
+  for (const auto& [key, yaml] : std::vector<std::pair<std::string, std::string>>{
+           {"fields", "fields: [/a]"}, {"ignore", "ignore: [/a]"}, {"defaults", "defaults: {/a: \"1\"}"}}) {
+    INFO(key);
+    CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, " + yaml + "}\n", 9, "routes[0].fingerprint." + key,
+                       "fingerprint.format: raw hashes the exact bytes");
+  }
+  CHECK(load(r + "    fingerprint: {format: raw, ignore: [], defaults: {}}\n")->routes[0].fingerprint.ignore.empty());
+  CHECK_CONFIG_ERROR(r + "    fingerprint: {format: raw, fields: []}\n", 9, "routes[0].fingerprint.fields", "raw");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: /k}\n    fingerprint: {format: raw}\n", 9,
+                     "routes[0].key.from", "raw has none");
+  CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: \"meta[k]\"}\n", 9, "routes[0].key.pointer",
+                     "a JSON body names its key member by JSON Pointer");
+}

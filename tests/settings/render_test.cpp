@@ -74,9 +74,15 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.method == y.method);
     CHECK(x.path == y.path);
     CHECK(x.scope == y.scope);
+    CHECK(x.key.from == y.key.from);
     CHECK(x.key.header == y.key.header);
+    CHECK(x.key.pointer == y.key.pointer);
+    CHECK(x.key.param == y.key.param);
     CHECK(x.key.required == y.key.required);
     CHECK(x.key.max_length == y.key.max_length);
+    CHECK(x.fingerprint.format == y.fingerprint.format);
+    CHECK(x.fingerprint.media_types == y.fingerprint.media_types);
+    CHECK(x.fingerprint.repeated_names == y.fingerprint.repeated_names);
     CHECK(x.fingerprint.version == y.fingerprint.version);
     CHECK(x.fingerprint.fields == y.fingerprint.fields);
     CHECK(x.fingerprint.ignore == y.fingerprint.ignore);
@@ -103,6 +109,7 @@ void check_same(const Settings& a, const Settings& b) {
       CHECK(x.async->status_path == y.async->status_path);
     }
     CHECK(x.replay_mode == y.replay_mode);
+    CHECK(x.refetch_hosts == y.refetch_hosts);
     CHECK(x.on_unknown_outcome == y.on_unknown_outcome);
     CHECK(x.reconcile.method == y.reconcile.method);
     CHECK(x.reconcile.path == y.reconcile.path);
@@ -173,7 +180,7 @@ routes:
     replay_headers: [Content-Type]
     max_stored_body: 0
     async: {after: 1500ms, status_path: "/operations/{operation_id}/status"}
-    replay: {mode: refetch}
+    replay: {mode: refetch, hosts: ["Orders.Example", "api.example:08443", "[::1]:9000"]}
     on_unknown_outcome: reconcile
     reconcile: {method: post, path: "/orders/lookup/{operation_id}"}
   - name: tenant-orders
@@ -182,6 +189,28 @@ routes:
     scope: "orders:put"
     key: {header: X-Request-Key, required: false, max_length: 64}
     replay_headers: []
+  - name: square-orders
+    method: POST
+    path: /v2/orders
+    key: {from: body, pointer: "/idempotency_key", max_length: 45}
+  - name: aws-orders
+    method: POST
+    path: /v1/orders
+    key: {from: query, param: "Client Token$$", header: X-Amz-Token}
+    fingerprint: {query: true}
+  - name: stripe-charges
+    method: POST
+    path: /v1/charges
+    key: {from: body, pointer: "metadata[idempotency_key]"}
+    fingerprint:
+      format: form
+      repeated_names: list
+      fields: [/amount, /currency, "/items/*/price"]
+      defaults: {/currency: "usd", /tags: ["a", null]}
+  - name: proto-orders
+    method: PUT
+    path: /v3/orders
+    fingerprint: {format: raw, media_types: [application/x-protobuf, Application/Vnd.Acme+CBOR], headers: [X-Proto-Schema]}
 )";
 
 }  // namespace
@@ -254,8 +283,8 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
            "  idle_timeout: 75s\n", "  max_connections: 10000\n", "  drain_timeout: 30s\n", "  listen: \"127.0.0.1:9901\"\n",
            "  level: info\n", "  format: json\n", "  interval: 1m\n", "  batch: 1000\n", "unmatched: pass\n",
            "  - name: \"r\"\n", "    method: \"POST\"\n", "    path: \"/orders\"\n", "    scope: \"POST /orders\"\n",
-           "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",
-           "      version: \"1\"\n", "      # fields: not set", "      ignore: []\n", "      defaults: {}\n",
+           "      from: header\n", "      header: \"Idempotency-Key\"\n", "      required: true\n", "      max_length: 255\n",
+           "      format: json\n", "      version: \"1\"\n", "      # fields: not set", "      ignore: []\n", "      defaults: {}\n",
            "      headers: []\n", "      query: false\n", "    retention: 1d\n", "    lease: 30s\n",
            "    wait: 5s\n", "    retry_after: 1s\n", "    mismatch_status: 409\n",
            "      statuses: [\"2xx\", \"4xx\"]\n", "      except: [408, 425, 429]\n",
@@ -268,7 +297,12 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
 
 TEST_CASE("render_effective round-trips") {
   const auto first = load(kRich);
-  REQUIRE(first->routes.size() == 2);
+  REQUIRE(first->routes.size() == 6);
+  CHECK(first->routes[4].fingerprint.format == BodyFormat::form);
+  CHECK(first->routes[5].fingerprint.media_types ==
+        std::vector<std::string>{"application/x-protobuf", "application/vnd.acme+cbor"});
+  CHECK(first->routes[2].key.from == KeySource::body);
+  CHECK(first->routes[3].key.param == "Client Token$");
   // Spot checks that kRich exercises what it claims to.
   const auto& fp = first->routes[0].fingerprint;
   CHECK(fp.version == "v2 \"quoted\" $1");
@@ -280,6 +314,8 @@ TEST_CASE("render_effective round-trips") {
   REQUIRE(first->routes[0].async.has_value());
   CHECK(first->routes[0].async->after == Millis{1500});
   CHECK(first->routes[0].replay_mode == ReplayMode::refetch);
+  CHECK(first->routes[0].refetch_hosts ==
+        std::vector<std::string>{"orders.example", "api.example:8443", "[::1]:9000"});
   CHECK(first->routes[0].on_unknown_outcome == UnknownOutcome::reconcile);
   CHECK(first->routes[0].reconcile.method == "POST");
   CHECK_FALSE(first->routes[1].async.has_value());
