@@ -1,4 +1,3 @@
--- idemproxy:compatible-from 6
 -- A new key for the payload of a recent request (routes with same_payload_new_key,
 -- docs/configuration.md): a client that makes a new idempotency key for every retry gets a
 -- second operation, and this table is how the sidecar notices.
@@ -12,7 +11,14 @@
 -- (expires_at) and go with the retention cleanup, by the index below.
 --
 -- Binaries at schema 6 never use this table, so they may keep serving a database that has
--- it (the first line). Written to run again harmlessly (IF NOT EXISTS).
+-- it (compatible-from 6). Written to run again harmlessly (IF NOT EXISTS); everything is
+-- on a table this migration creates, so nothing waits on the record table.
+-- idemproxy:compatible-from 6
+SET lock_timeout = '100ms';
+SET statement_timeout = '10min';
+
+-- idemproxy:step transaction
+BEGIN;
 CREATE TABLE IF NOT EXISTS idempotency_same_payload (
   tenant_id             text        NOT NULL,
   endpoint              text        NOT NULL,
@@ -32,3 +38,4 @@ CREATE TABLE IF NOT EXISTS idempotency_same_payload (
 
 CREATE INDEX IF NOT EXISTS idempotency_same_payload_expires
   ON idempotency_same_payload (expires_at);
+COMMIT;
