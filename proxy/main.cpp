@@ -32,10 +32,11 @@ constexpr const char* kUsage =
     "  idemproxy verify-backend --config FILE --route NAME [--body FILE] [--release-body FILE]\n"
     "                 [--tenant T] [--target PATH] [--header 'Name: value']...\n"
     "                                       check the backend's side of the contract (docs/backend.md)\n"
-    "  idemproxy explain --config FILE [--tenant T] [--header 'Name: value']... [--body FILE]\n"
-    "                 METHOD TARGET [< body]\n"
+    "  idemproxy explain --config FILE [--database] [--tenant T] [--header 'Name: value']...\n"
+    "                 [--body FILE] METHOD TARGET [< body]\n"
     "                                       what the sidecar would do with this request: route,\n"
-    "                                       tenant, key, fingerprint, answer (docs/configuration.md)\n"
+    "                                       tenant, key, fingerprint, answer; --database: what a\n"
+    "                                       retry gets now, read-only (docs/configuration.md)\n"
     "  idemproxy --version | --help\n";
 
 struct Command {

@@ -10,7 +10,15 @@
 
 #include "app/commands.hpp"
 #include "app/config.hpp"
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
 #include "common/text.hpp"
+#include "common/time_text.hpp"
+#include "idempotency/decision.hpp"
+#include "pg/pool.hpp"
+#include "store/pg_store.hpp"
 #include "server/request_head.hpp"
 
 namespace idem::app {
@@ -294,17 +302,101 @@ std::string explain_text(std::shared_ptr<const gateway::Runtime> runtime, const 
   return text.str();
 }
 
-int explain(ExplainOptions options) {
-  if (options.database) {
-    std::cerr << "idemproxy: explain --database is not available yet\n";
-    return kExitUsage;
+result<std::optional<store::Record>> read_record(const settings::Settings& cfg, const store::RecordId& id) {
+  asio::io_context ioc{1};
+  auto options = store::pg_store_pool_options(cfg.database.url, 1, cfg.database.connect_timeout,
+                                              cfg.database.statement_timeout);
+  // Read-only by PostgreSQL's own rule, not only by this code's choice of statement.
+  options.settings.push_back({"default_transaction_read_only", "on"});
+  options.application_name = "idemproxy-explain";
+  auto pool = pg::Pool::create(ioc.get_executor(), std::move(options));
+  store::PgStore pg_store(pool, store::PgStore::ClaimRead::never);
+  auto done = asio::co_spawn(
+      ioc, [&]() -> asio::awaitable<result<std::optional<store::Record>>> { co_return co_await pg_store.read(id); },
+      asio::use_future);
+  ioc.run();
+  return done.get();
+}
+
+namespace {
+
+std::string short_hash(std::string_view hex) { return std::string(hex.substr(0, 12)) + "…"; }
+
+void describe_row(std::ostream& o, const store::Record& r) {
+  o << "record now:   " << (r.state == store::State::completed ? "completed" : "in_progress") << ", attempt "
+    << r.attempt << ", fingerprint " << short_hash(r.fingerprint) << ", created "
+    << rfc3339_from_us(r.created_at_us);
+  if (r.completed_at_us != 0) o << ", completed " << rfc3339_from_us(r.completed_at_us);
+  o << ", recognised until " << rfc3339_from_us(r.expires_at_us) << (r.expired ? " (passed)" : "") << '\n';
+}
+
+}  // namespace
+
+std::string record_text(const Examination& e, const std::optional<store::Record>& row) {
+  std::ostringstream o;
+  const auto& rs = *e.route->settings;
+  idempotency::Situation now;
+  if (row) {
+    describe_row(o, *row);
+    now.row = idempotency::RowView{row->fingerprint, row->principal, row->state == store::State::completed,
+                                   row->attempt, row->lease_expired, row->expired, row->fence,
+                                   row->lease_remaining};
   }
+  now.fingerprint = e.fingerprint;
+  now.principal = e.principal;
+  now.check_principal = !e.principal.empty();
+  now.wait_budget_left = true;  // a retry arriving now has its whole `wait` ahead
+  o << "a retry now:  ";
+  switch (idempotency::decide(now)) {
+    case idempotency::Decision::claim_again:
+      o << "no record: the key is new (above)\n";
+      break;
+    case idempotency::Decision::replace_expired:
+      o << "the record's retention passed (not yet deleted): it is replaced, a new operation\n";
+      break;
+    case idempotency::Decision::reject_mismatch:
+      o << rs.mismatch_status << " idempotency_key_reused: the key was recorded for another request (recorded "
+        << "fingerprint " << short_hash(row->fingerprint) << ", this request's " << short_hash(e.fingerprint)
+        << "); nothing is forwarded\n";
+      break;
+    case idempotency::Decision::forbid:
+      o << "403 idempotency_key_forbidden: the record belongs to another principal\n";
+      break;
+    case idempotency::Decision::replay:
+      o << "the recorded " << (row->response ? row->response->status : 0)
+        << " replayed with Idempotent-Replayed: true; the backend is not called\n";
+      break;
+    case idempotency::Decision::take_over:
+      o << "in progress, but its lease expired: taken over as attempt " << row->attempt + 1
+        << " (same operation id) and forwarded again\n";
+      break;
+    case idempotency::Decision::wait:
+    case idempotency::Decision::answer_in_progress:
+      o << "in progress (lease renewed about " << duration_text(std::max(Millis{0}, rs.lease - row->lease_remaining))
+        << " ago, " << duration_text(row->lease_remaining) << " left): waits up to " << duration_text(rs.wait)
+        << " for it, then replays or answers 409 idempotency_in_progress\n";
+      break;
+  }
+  return o.str();
+}
+
+int explain(ExplainOptions options) {
   auto runtime = load_runtime(options.config_path);
   if (!options.body_given && !isatty(STDIN_FILENO)) {
     options.body.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     options.body_given = !options.body.empty();
   }
-  std::cout << explain_text(runtime, options);
+  Examination e;
+  std::cout << explain_text(runtime, options, &e);
+  // Only an admitted request names a record; its id is tenant-scoped like every read.
+  if (!options.database || e.way != Examination::Way::protected_request) return kExitOk;
+  auto row = read_record(runtime->settings(), e.id);
+  if (!row) {
+    std::cout << std::flush;
+    std::cerr << "idemproxy: explain: cannot read the record: " << row.error().message() << "\n";
+    return kExitFailure;
+  }
+  std::cout << record_text(e, *row);
   return kExitOk;
 }
 

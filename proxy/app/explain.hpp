@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
+#include "common/errors.hpp"
 #include "gateway/examine.hpp"
+#include "store/record.hpp"
 
 namespace idem::app {
 
@@ -44,8 +46,17 @@ server::Request explain_request(const gateway::Runtime& runtime, const ExplainOp
 std::string explain_text(std::shared_ptr<const gateway::Runtime> runtime, const ExplainOptions& options,
                          gateway::Examination* out = nullptr);
 
+// --database: the record `id` as a duplicate would read it (store::PgStore::read(), the
+// same statement), on one connection whose session PostgreSQL holds read-only.
+result<std::optional<store::Record>> read_record(const settings::Settings& cfg, const store::RecordId& id);
+
+// What a retry of the examined request gets now, given the record read (nullopt: none),
+// decided by idempotency::decide() as the sidecar decides it.
+std::string record_text(const gateway::Examination& e, const std::optional<store::Record>& row);
+
 // Loads the configuration, reads the body from standard input when none was given and
-// stdin is not a terminal, prints the account. Returns 0 (the request was explained).
+// stdin is not a terminal, prints the account (with --database, the record's too).
+// Returns 0 when the request was explained, 1 when --database could not read the record.
 int explain(ExplainOptions options);
 
 }  // namespace idem::app
