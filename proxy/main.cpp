@@ -8,6 +8,7 @@
 #include "app/commands.hpp"
 #include "app/explain.hpp"
 #include "app/verify_backend.hpp"
+#include "settings/openapi.hpp"
 #include "settings/settings.hpp"
 
 #ifndef IDEMPROXY_VERSION
@@ -37,6 +38,8 @@ constexpr const char* kUsage =
     "                                       what the sidecar would do with this request: route,\n"
     "                                       tenant, key, fingerprint, answer; --database: what a\n"
     "                                       retry gets now, read-only (docs/configuration.md)\n"
+    "  idemproxy routes --openapi FILE [--all-posts]\n"
+    "                                       propose a routes: block from an OpenAPI 3 document\n"
     "  idemproxy --version | --help\n";
 
 struct Command {
@@ -46,6 +49,8 @@ struct Command {
   app::MigrateArgs migrate;   // migrate's own options
   app::ExplainOptions explain;  // explain's own options and its METHOD TARGET
   int positional = 0;
+  std::string openapi;             // routes --openapi FILE
+  settings::OpenApiOptions routes;  // routes' own options
 };
 
 std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
@@ -133,8 +138,21 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
       (cmd.positional++ == 0 ? cmd.explain.method : cmd.explain.target) = arg;
       continue;
     }
+    if (cmd.name == "routes" && arg == "--openapi") {
+      if (i + 1 >= argc) {
+        std::cerr << "idemproxy: --openapi needs a file\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      cmd.openapi = argv[++i];
+      continue;
+    }
+    if (cmd.name == "routes" && arg == "--all-posts") {
+      cmd.routes.all_posts = true;
+      continue;
+    }
     if (!named && (arg == "serve" || arg == "migrate" || arg == "check-config" ||
-                   arg == "verify-backend" || arg == "explain")) {
+                   arg == "verify-backend" || arg == "explain" || arg == "routes")) {
       cmd.name = arg;
       named = true;
       continue;
@@ -142,6 +160,14 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     std::cerr << "idemproxy: unknown argument '" << arg << "'\n" << kUsage;
     exit_code = kExitUsage;
     return std::nullopt;
+  }
+  if (cmd.name == "routes") {
+    if (cmd.openapi.empty()) {
+      std::cerr << "idemproxy: routes needs --openapi FILE\n" << kUsage;
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    return cmd;  // reads no configuration
   }
   if (cmd.config.empty()) {
     std::cerr << "idemproxy: --config FILE is required\n" << kUsage;
@@ -183,6 +209,10 @@ int main(int argc, char** argv) {
     if (cmd->name == "check-config") return app::check_config(cmd->config);
     if (cmd->name == "verify-backend") return app::verify_backend(cmd->verify);
     if (cmd->name == "explain") return app::explain(cmd->explain);
+    if (cmd->name == "routes") {
+      std::cout << settings::propose_routes(cmd->openapi, cmd->routes);
+      return kExitOk;
+    }
     return app::serve(cmd->config, IDEMPROXY_VERSION);
   } catch (const settings::ConfigError& e) {
     print_config_error(e);
