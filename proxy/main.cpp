@@ -6,7 +6,9 @@
 #include <string>
 
 #include "app/commands.hpp"
+#include "app/explain.hpp"
 #include "app/verify_backend.hpp"
+#include "settings/openapi.hpp"
 #include "settings/settings.hpp"
 
 #ifndef IDEMPROXY_VERSION
@@ -31,6 +33,13 @@ constexpr const char* kUsage =
     "  idemproxy verify-backend --config FILE --route NAME [--body FILE] [--release-body FILE]\n"
     "                 [--tenant T] [--target PATH] [--header 'Name: value']...\n"
     "                                       check the backend's side of the contract (docs/backend.md)\n"
+    "  idemproxy explain --config FILE [--database] [--tenant T] [--header 'Name: value']...\n"
+    "                 [--body FILE] METHOD TARGET [< body]\n"
+    "                                       what the sidecar would do with this request: route,\n"
+    "                                       tenant, key, fingerprint, answer; --database: what a\n"
+    "                                       retry gets now, read-only (docs/configuration.md)\n"
+    "  idemproxy routes --openapi FILE [--all-posts]\n"
+    "                                       propose a routes: block from an OpenAPI 3 document\n"
     "  idemproxy --version | --help\n";
 
 struct Command {
@@ -38,6 +47,10 @@ struct Command {
   std::string config;
   app::VerifyOptions verify;  // verify-backend's own options
   app::MigrateArgs migrate;   // migrate's own options
+  app::ExplainOptions explain;  // explain's own options and its METHOD TARGET
+  int positional = 0;
+  std::string openapi;             // routes --openapi FILE
+  settings::OpenApiOptions routes;  // routes' own options
 };
 
 std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
@@ -108,8 +121,38 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
       }
       continue;
     }
+    if (cmd.name == "explain" && app::is_explain_option(arg)) {
+      std::string error;
+      if (i + 1 >= argc || !app::parse_explain_option(arg, argv[++i], cmd.explain, error)) {
+        std::cerr << "idemproxy: " << (error.empty() ? arg + " needs a value" : error) << "\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      continue;
+    }
+    if (cmd.name == "explain" && arg == "--database") {
+      cmd.explain.database = true;
+      continue;
+    }
+    if (cmd.name == "explain" && !arg.empty() && arg.front() != '-' && cmd.positional < 2) {
+      (cmd.positional++ == 0 ? cmd.explain.method : cmd.explain.target) = arg;
+      continue;
+    }
+    if (cmd.name == "routes" && arg == "--openapi") {
+      if (i + 1 >= argc) {
+        std::cerr << "idemproxy: --openapi needs a file\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      cmd.openapi = argv[++i];
+      continue;
+    }
+    if (cmd.name == "routes" && arg == "--all-posts") {
+      cmd.routes.all_posts = true;
+      continue;
+    }
     if (!named && (arg == "serve" || arg == "migrate" || arg == "check-config" ||
-                   arg == "verify-backend")) {
+                   arg == "verify-backend" || arg == "explain" || arg == "routes")) {
       cmd.name = arg;
       named = true;
       continue;
@@ -117,6 +160,14 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     std::cerr << "idemproxy: unknown argument '" << arg << "'\n" << kUsage;
     exit_code = kExitUsage;
     return std::nullopt;
+  }
+  if (cmd.name == "routes") {
+    if (cmd.openapi.empty()) {
+      std::cerr << "idemproxy: routes needs --openapi FILE\n" << kUsage;
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    return cmd;  // reads no configuration
   }
   if (cmd.config.empty()) {
     std::cerr << "idemproxy: --config FILE is required\n" << kUsage;
@@ -128,7 +179,14 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     exit_code = kExitUsage;
     return std::nullopt;
   }
+  if (cmd.name == "explain" && cmd.positional != 2) {
+    std::cerr << "idemproxy: explain needs METHOD and TARGET, e.g. explain --config FILE POST /orders\n"
+              << kUsage;
+    exit_code = kExitUsage;
+    return std::nullopt;
+  }
   cmd.verify.config_path = cmd.config;
+  cmd.explain.config_path = cmd.config;
   return cmd;
 }
 
@@ -150,6 +208,11 @@ int main(int argc, char** argv) {
     }
     if (cmd->name == "check-config") return app::check_config(cmd->config);
     if (cmd->name == "verify-backend") return app::verify_backend(cmd->verify);
+    if (cmd->name == "explain") return app::explain(cmd->explain);
+    if (cmd->name == "routes") {
+      std::cout << settings::propose_routes(cmd->openapi, cmd->routes);
+      return kExitOk;
+    }
     return app::serve(cmd->config, IDEMPROXY_VERSION);
   } catch (const settings::ConfigError& e) {
     print_config_error(e);

@@ -13,6 +13,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <spdlog/spdlog.h>
 
+#include "gateway/examine.hpp"
 #include "gateway/exchange.hpp"
 #include "gateway/headers.hpp"
 #include "gateway/inbound.hpp"
@@ -324,6 +325,47 @@ void finish_trace(Gateway::Exchange& x, std::string_view route, int status) {
 
 }  // namespace
 
+namespace {
+
+// The way a request takes once matched, decided before any I/O: shared by handle() and
+// examine() (idemproxy explain), so that what explain says is what the sidecar does.
+enum class Way { answered, operation_status, protected_route, pass_through };
+struct Entry {
+  Way way = Way::pass_through;
+  std::optional<server::Response> answer;  // Way::answered
+  std::optional<StatusMatch> status;       // Way::operation_status
+};
+
+Entry enter(Gateway::Exchange& x) {
+  Entry e;
+  if (auto refused = inbound_refusal(x)) {
+    e.way = Way::answered;
+    e.answer = std::move(refused);
+  } else if (!x.route && x.method == "GET" && !x.runtime->settings().policy_path.empty() &&
+             x.path == x.runtime->settings().policy_path) {
+    // Public: what the routes ask of clients, before any identity is required.
+    e.way = Way::answered;
+    e.answer = policy_answer(x);
+  } else if (auto unverified = identity_refusal(x)) {
+    e.way = Way::answered;
+    e.answer = std::move(unverified);
+  } else if (auto status = x.route ? std::nullopt : x.runtime->match_status(x.method, x.path)) {
+    e.way = Way::operation_status;
+    e.status = std::move(status);
+  } else if (x.route) {
+    e.way = Way::protected_route;
+  } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
+    x.outcome = Outcome::rejected;
+    e.way = Way::answered;
+    e.answer = problem(x, http::status::not_found, "route_not_found", "No route matches",
+                       "no configured route matches this method and path");
+    x.code = "route_not_found";
+  }
+  return e;
+}
+
+}  // namespace
+
 asio::awaitable<server::Response> Gateway::handle(server::Request& request,
                                                   const server::RequestContext& context) {
   Exchange x{request, context, deps_.runtime->load()};
@@ -338,25 +380,20 @@ asio::awaitable<server::Response> Gateway::handle(server::Request& request,
   server::Response res;
   x.route = x.runtime->match(x.method, x.path);
   start_trace(x, deps_.tracer != nullptr);
-  if (auto refused = inbound_refusal(x)) {
-    res = std::move(*refused);
-  } else if (!x.route && x.method == "GET" && !x.runtime->settings().policy_path.empty() &&
-             x.path == x.runtime->settings().policy_path) {
-    // Public: what the routes ask of clients, before any identity is required.
-    res = policy_answer(x);
-  } else if (auto unverified = identity_refusal(x)) {
-    res = std::move(*unverified);
-  } else if (auto status = x.route ? std::nullopt : x.runtime->match_status(x.method, x.path)) {
-    res = co_await operation_status(x, *status);
-  } else if (x.route) {
-    res = co_await protected_request(x);
-  } else if (x.runtime->settings().unmatched == settings::Unmatched::reject) {
-    x.outcome = Outcome::rejected;
-    res = problem(x, http::status::not_found, "route_not_found", "No route matches",
-                  "no configured route matches this method and path");
-    x.code = "route_not_found";
-  } else {
-    res = co_await pass_through(x);
+  auto entry = enter(x);
+  switch (entry.way) {
+    case Way::answered:
+      res = std::move(*entry.answer);
+      break;
+    case Way::operation_status:
+      res = co_await operation_status(x, *entry.status);
+      break;
+    case Way::protected_route:
+      res = co_await protected_request(x);
+      break;
+    case Way::pass_through:
+      res = co_await pass_through(x);
+      break;
   }
 
   const double total = seconds_since(context.received_at);
@@ -649,11 +686,13 @@ std::optional<server::Response> admit_body(Gateway::Exchange& x) {
   return problem(x, status, x.code, idempotency::problem_title(body.status), body.reason);
 }
 
-std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
+// The parts of the request the fingerprint covers; `scope_and_path` holds the text
+// parts.scope views on a templated route, so it must outlive `parts`.
+idempotency::RequestParts fingerprint_parts(const Gateway::Exchange& x, std::string& scope_and_path) {
   const auto& rs = *x.route->settings;
   idempotency::RequestParts parts;
   parts.method = x.method;
-  const std::string scope_and_path = x.route->templated ? rs.scope + '\n' + x.path : std::string();
+  scope_and_path = x.route->templated ? rs.scope + '\n' + x.path : std::string();
   parts.scope = x.route->templated ? std::string_view(scope_and_path) : std::string_view(rs.scope);
   for (const auto& name : x.route->fingerprint.header_names()) {
     const auto values = field_values(x.request.base(), name);
@@ -669,6 +708,12 @@ std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
     parts.header_values.emplace_back(std::move(joined));
   }
   parts.query = x.query;
+  return parts;
+}
+
+std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
+  std::string scope_and_path;
+  const auto parts = fingerprint_parts(x, scope_and_path);
   x.fingerprint = idempotency::fingerprint(x.route->fingerprint, parts, x.body->body);
   return std::nullopt;
 }
@@ -692,16 +737,9 @@ std::optional<server::Response> admit_principal(Gateway::Exchange& x) {
   return std::nullopt;
 }
 
-}  // namespace
-
-std::optional<server::Response> Gateway::admit_identity(Exchange& x) {
-  if (auto refused = admit_tenant(x)) return refused;
-  return admit_principal(x);
-}
-
 // Validation before anything is claimed; its failures are never stored. On success the
 // request has its record id, fingerprint and principal.
-std::optional<server::Response> Gateway::admit(Exchange& x) {
+std::optional<server::Response> admit(Gateway::Exchange& x) {
   const auto& rs = *x.route->settings;
   x.outcome = Outcome::rejected;
   if (auto refused = admit_tenant(x)) return refused;
@@ -721,6 +759,13 @@ std::optional<server::Response> Gateway::admit(Exchange& x) {
                                 x.principal, rs.lease, rs.retention};
   x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
   return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<server::Response> Gateway::admit_identity(Exchange& x) {
+  if (auto refused = admit_tenant(x)) return refused;
+  return admit_principal(x);
 }
 
 asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
@@ -1165,6 +1210,64 @@ void Gateway::note_fenced(Exchange& x, const idempotency::Action& a) {
   spdlog::warn("{} fenced: attempt {} (fencing token {}) no longer owns the record (route {}, "
                "key_hash {}); answered: {}",
                what, x.owner.attempt, x.owner.fence, x.route->settings->name, x.key_hash, answered);
+}
+
+}  // namespace idem::gateway
+
+namespace idem::gateway {
+
+Examination examine(std::shared_ptr<const Runtime> runtime, server::Request& request,
+                    const server::RequestContext& context) {
+  Gateway::Exchange x{request, context, std::move(runtime)};
+  x.version = request.version();
+  x.keep_alive = request.keep_alive();
+  x.method = std::string(request.method_string());
+  const auto parts = split_target(request.target());
+  x.path = std::string(parts.path);
+  x.query = std::string(parts.query);
+  x.route = x.runtime->match(x.method, x.path);
+
+  Examination out;
+  out.route = x.route;
+  auto entry = enter(x);
+  switch (entry.way) {
+    case Way::answered:
+      out.way = Examination::Way::answered;
+      out.answer = std::move(entry.answer);
+      out.code = std::string(x.code);
+      return out;
+    case Way::operation_status:
+      out.way = Examination::Way::operation_status;
+      return out;
+    case Way::pass_through:
+      out.way = Examination::Way::pass_through;
+      return out;
+    case Way::protected_route:
+      break;
+  }
+  // The first steps of protected_request(), which then claims.
+  if (!x.route->settings->key.required && carries_no_key(x)) {
+    out.way = Examination::Way::pass_through_no_key;
+    return out;
+  }
+  auto refused = admit(x);
+  out.tenant = x.tenant;
+  out.principal = x.principal;
+  if (refused) {
+    out.way = Examination::Way::answered;
+    out.answer = std::move(refused);
+    out.code = std::string(x.code);
+    return out;
+  }
+  out.way = Examination::Way::protected_request;
+  out.key = x.key;
+  out.fingerprint = x.fingerprint;
+  std::string scope_and_path;
+  out.canonical = idempotency::canonical_form(x.route->fingerprint, fingerprint_parts(x, scope_and_path),
+                                              x.body->body);
+  out.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
+  out.id = x.claim.id;
+  return out;
 }
 
 }  // namespace idem::gateway

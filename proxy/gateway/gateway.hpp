@@ -56,7 +56,6 @@ class Gateway {
 
  private:
   asio::awaitable<server::Response> protected_request(Exchange& x);
-  std::optional<server::Response> admit(Exchange& x);
   // The tenant (and principal, when configured) alone: all a status request needs.
   std::optional<server::Response> admit_identity(Exchange& x);
   // The driver of idempotency::Protocol, and the steps it performs.

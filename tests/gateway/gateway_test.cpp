@@ -19,6 +19,7 @@
 
 #include "common/time_text.hpp"
 #include "gateway/caching_store.hpp"
+#include "gateway/examine.hpp"
 #include "gateway/gateway.hpp"
 #include "idempotency/backend_completion.hpp"
 #include "idempotency/fingerprint.hpp"
@@ -2042,4 +2043,110 @@ TEST_CASE("same payload, new key: a failed note lets count forward, and makes re
   CHECK(problem_code(res) == "idempotency_store_unavailable");
   CHECK(f.upstream.calls.size() == 1);
   CHECK_FALSE(f.row("k2").has_value());
+}
+
+// --- examine(): the gateway's admission without I/O (idemproxy explain) -------------------
+
+namespace {
+
+// examine() on a copy of `req` (it changes the request as handle() does), then handle()
+// on the request itself: what examine() found must be what the sidecar recorded.
+gateway::Examination examine_then_handle(Fixture& f, const server::Request& req, server::Response* answer) {
+  server::Request copy = req;
+  server::RequestContext ctx;
+  auto e = gateway::examine(f.holder->load(), copy, ctx);
+  *answer = f.call(req);
+  return e;
+}
+
+}  // namespace
+
+TEST_CASE("examine: the fingerprint and operation id are the ones the sidecar records and sends") {
+  Fixture f;
+  server::Response answer;
+  const auto e = examine_then_handle(f, Fixture::order("k1", R"({"amount":1e3,"customer_id":"c1"})"), &answer);
+  REQUIRE(e.way == gateway::Examination::Way::protected_request);
+  REQUIRE(answer.result_int() == 201);
+  CHECK(e.fingerprint == idempotency::sha256_hex(e.canonical));  // the text shown is what is hashed
+  const auto row = f.row("k1");
+  REQUIRE(row);
+  CHECK(row->fingerprint == e.fingerprint);
+  CHECK(e.id.tenant == "t1");
+  CHECK(e.id.endpoint == "POST /orders");
+  CHECK(e.id.key == "k1");
+  CHECK(e.operation_id == f.upstream.calls.at(0)["X-Idempotency-Operation-Id"]);
+  // The default of /currency is in the text that is hashed.
+  CHECK(e.canonical.find(R"("/currency":"EUR")") != std::string::npos);
+}
+
+TEST_CASE("examine: a form body with its key in a field, on a templated path, is read as handle() reads it") {
+  Fixture f;
+  body_format(f, settings::BodyFormat::form);
+  auto s = f.holder->load()->settings();
+  s.routes.front().path = "/accounts/{id}/orders";
+  f.configure(s);
+  auto req = typed_order("", "application/x-www-form-urlencoded",
+                         "amount=2000&currency=usd&metadata[idempotency_key]=st-1");
+  req.target("/accounts/a-7/orders");
+  server::Response answer;
+  const auto e = examine_then_handle(f, req, &answer);
+  REQUIRE(e.way == gateway::Examination::Way::protected_request);
+  REQUIRE(answer.result_int() == 201);
+  CHECK(e.key == "st-1");
+  CHECK(e.fingerprint == idempotency::sha256_hex(e.canonical));
+  // The concrete path joins the fingerprint on a templated route; the key field does not.
+  CHECK(e.canonical.find("/accounts/a-7/orders") != std::string::npos);
+  CHECK(e.canonical.find("st-1") == std::string::npos);
+  const auto row = f.row("st-1");
+  REQUIRE(row);
+  CHECK(row->fingerprint == e.fingerprint);
+}
+
+TEST_CASE("examine: refusals, pass-throughs and the route it matched, as handle() answers them") {
+  Fixture f;
+  auto s = f.holder->load()->settings();
+  settings::RouteSettings optional = s.routes.front();
+  optional.name = "optional";
+  optional.path = "/carts";
+  optional.scope = "POST /carts";
+  optional.key.required = false;
+  s.routes.push_back(optional);
+  f.configure(s);
+  using Way = gateway::Examination::Way;
+  struct Case {
+    server::Request req;
+    Way way;
+    std::string code;
+  };
+  auto bad_key = Fixture::order("two words", kBody);
+  auto no_tenant = Fixture::order("k2", kBody, "");
+  auto not_json = typed_order("k3", "application/json", "{");
+  auto unmatched = Fixture::order("k4", kBody);
+  unmatched.target("/order");
+  auto resembling = Fixture::order("k5", kBody);
+  resembling.target("/Orders");
+  auto keyless = Fixture::order("", kBody);
+  keyless.target("/carts");
+  for (auto& c : std::vector<Case>{{bad_key, Way::answered, "idempotency_key_invalid"},
+                                   {no_tenant, Way::answered, "tenant_missing"},
+                                   {not_json, Way::answered, "invalid_json"},
+                                   {unmatched, Way::pass_through, ""},
+                                   {resembling, Way::answered, "bad_request"},
+                                   {keyless, Way::pass_through_no_key, ""}}) {
+    INFO(c.req.target(), " ", c.code);
+    server::Response answer;
+    const auto calls_before = f.upstream.calls.size();
+    const auto e = examine_then_handle(f, c.req, &answer);
+    CHECK(e.way == c.way);
+    CHECK(e.code == c.code);
+    if (c.way == Way::answered) {
+      REQUIRE(e.answer);
+      CHECK(e.answer->result_int() == answer.result_int());
+      CHECK(e.answer->body() == answer.body());
+      CHECK(f.upstream.calls.size() == calls_before);
+    } else {
+      CHECK(f.upstream.calls.size() == calls_before + 1);  // forwarded, unprotected
+    }
+  }
+  CHECK(f.store.size() == 0);
 }
