@@ -26,9 +26,11 @@ using app::kExitUsage;
 constexpr const char* kUsage =
     "usage:\n"
     "  idemproxy [serve] --config FILE      run the sidecar (default command)\n"
-    "  idemproxy migrate --config FILE [--plan] [--lock-wait D] [--backfill-rest R]\n"
+    "  idemproxy migrate --config FILE [--plan] [--contract] [--lock-wait D] [--backfill-rest R]\n"
     "                                       apply pending migrations online, then exit;\n"
-    "                                       --plan prints each step's locks, changes nothing\n"
+    "                                       --plan prints each step's locks, changes nothing;\n"
+    "                                       --contract also applies those that remove what older\n"
+    "                                       releases use (refused while such replicas connect)\n"
     "  idemproxy check-config --config FILE validate; print the effective config (secrets masked)\n"
     "  idemproxy verify-backend --config FILE --route NAME [--body FILE] [--release-body FILE]\n"
     "                 [--tenant T] [--target PATH] [--header 'Name: value']...\n"
@@ -83,6 +85,10 @@ std::optional<Command> parse_args(int argc, char** argv, int& exit_code) {
     }
     if (cmd.name == "migrate" && arg == "--plan") {
       cmd.migrate.plan = true;
+      continue;
+    }
+    if (cmd.name == "migrate" && arg == "--contract") {
+      cmd.migrate.contract = true;
       continue;
     }
     if (cmd.name == "migrate" && arg == "--lock-wait") {

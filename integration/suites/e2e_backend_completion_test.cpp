@@ -253,14 +253,16 @@ TEST_CASE("e2e: the record's lifetime, not the API's window, tells a retry from 
   const auto operation_id = db.scalar(
       "SELECT operation_id FROM demo_orders.orders WHERE tenant_id = $1", {tenant});
   REQUIRE(operation_id);
-  // The order keeps the record's expiry, not now() + 1 ms.
-  CHECK(db.scalar("SELECT (o.operation_expires_at = r.created_at + interval '24 hours')::text"
+  // The order keeps the record's expiry (retention and one lease from the claim, which a
+  // completion within the lease keeps: docs/architecture.md "The record"), not now() + 1 ms.
+  CHECK(db.scalar("SELECT (o.operation_expires_at = r.expires_at AND"
+                  "        r.expires_at = r.created_at + interval '24 hours' + $2::interval)::text"
                   " FROM demo_orders.orders o, idempotency_requests r"
                   " WHERE o.tenant_id = $1 AND r.tenant_id = $1",
-                  {tenant}).value_or("") == "true");
+                  {tenant, o.lease}).value_or("") == "true");
   const auto lifetime = db.query(
       "SELECT to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"'),"
-      "       to_char(created_at AT TIME ZONE 'UTC' + interval '24 hours', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+      "       to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
       " FROM idempotency_requests WHERE tenant_id = $1",
       {tenant});
   REQUIRE(lifetime.size() == 1);

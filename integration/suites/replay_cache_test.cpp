@@ -178,7 +178,7 @@ TEST_CASE("replay cache: without its listening session it empties and every retr
   // End the listener's session (as a failover or an idle-session killer would).
   // Other suites' replicas may lose theirs too: that only costs them a reconnect.
   CHECK(db.scalar_int("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                      "WHERE application_name = 'idemproxy-listener'") >= 1);
+                      "WHERE application_name LIKE 'idemproxy-listener%'") >= 1);
   // Either it already listens again or it is off; both are correct, and both emptied it.
   wait_until([&] { return scrape(a.admin.port).value("idemproxy_replay_cache_entries") == 0; }, 10s,
              "the cache to empty when its session ended");

@@ -7,9 +7,9 @@
 -- rows copied over, the old table dropped, and idempotency_operations' foreign key (ON
 -- DELETE CASCADE) pointed at the new table. Every request-path statement names the
 -- whole primary key, tenant_id first, so each touches one partition; only retention
--- cleanup and the in-progress gauge read them all.
+-- cleanup reads them all.
 --
--- Run it once, on schema version 7 (it refuses any other: a later migration may need it
+-- Run it once, on schema version 8 or 9 (it refuses any other: a later migration may need it
 -- updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
@@ -34,8 +34,9 @@ BEGIN
     RETURN;
   END IF;
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
-  IF version IS DISTINCT FROM 7 THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema version 7, the database is at %', version
+  -- 8, or 9 once the contract migration 0009 dropped the in-progress index.
+  IF version IS NULL OR version NOT IN (8, 9) THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8 and 9, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN
@@ -54,7 +55,7 @@ BEGIN
   ALTER INDEX idempotency_requests_pkey RENAME TO idempotency_requests_unpartitioned_pkey;
   ALTER INDEX idempotency_requests_expires_at_idx
     RENAME TO idempotency_requests_unpartitioned_expires_at_idx;
-  ALTER INDEX idempotency_requests_in_progress_idx
+  ALTER INDEX IF EXISTS idempotency_requests_in_progress_idx
     RENAME TO idempotency_requests_unpartitioned_in_progress_idx;
 
   -- Columns (in order), NOT NULLs, defaults (the fencing token's nextval among them) and
@@ -65,19 +66,23 @@ BEGIN
   ALTER TABLE idempotency_requests
     ADD CONSTRAINT idempotency_requests_pkey PRIMARY KEY (tenant_id, endpoint, idempotency_key);
   CREATE INDEX idempotency_requests_expires_at_idx ON idempotency_requests (expires_at);
-  CREATE INDEX idempotency_requests_in_progress_idx ON idempotency_requests (created_at)
-    WHERE state = 'in_progress';
+  -- Until 0009 is applied (replicas of schema 7 may still read it).
+  IF to_regclass('idempotency_requests_unpartitioned_in_progress_idx') IS NOT NULL THEN
+    CREATE INDEX idempotency_requests_in_progress_idx ON idempotency_requests (created_at)
+      WHERE state = 'in_progress';
+  END IF;
   -- The sequence goes with the table that now draws from it; dropping the old table
   -- would otherwise drop it too.
   ALTER SEQUENCE idempotency_fencing_tokens OWNED BY idempotency_requests.fencing_token;
 
   -- Storage parameters live on the partitions (a partitioned table has no storage):
-  -- migration 0001's eager autovacuum, per partition.
+  -- migration 0001's eager autovacuum and 0008's room for HOT completions, per partition.
   FOR i IN 0 .. partitions - 1 LOOP
     EXECUTE format(
       'CREATE TABLE %I PARTITION OF idempotency_requests FOR VALUES WITH (MODULUS %s, REMAINDER %s)'
       ' WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,'
-      ' autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000)',
+      ' autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,'
+      ' fillfactor = 75)',
       'idempotency_requests_p' || i, partitions, i);
   END LOOP;
 

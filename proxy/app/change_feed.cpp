@@ -2,12 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
+#include "store/pg_store.hpp"
+
 namespace idem::app {
 
 pg::ListenerOptions change_feed_options(const settings::DatabaseSettings& db) {
   pg::ListenerOptions lo;
   lo.conninfo = db.url;
   lo.channel = std::string(kRecordChannel);
+  lo.application_name = store::replica_application_name("idemproxy-listener");
   lo.connect_timeout = db.connect_timeout;
   lo.statement_timeout = db.statement_timeout;
   lo.ready_check_sql =

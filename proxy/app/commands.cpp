@@ -228,6 +228,7 @@ int migrate(const std::string& path, const MigrateArgs& args) {
     if (args.lock_wait) options.lock_wait = *args.lock_wait;
     if (args.backfill_rest) options.backfill_rest = *args.backfill_rest;
     options.release = args.release;
+    options.contract = args.contract;
     options.on_event = print_event;
     const auto report = store::apply_migrations(db.url, options);
     if (report.applied.empty()) {
@@ -237,6 +238,11 @@ int migrate(const std::string& path, const MigrateArgs& args) {
     } else {
       for (int v : report.applied) std::cout << "applied migration " << v << "\n";
       std::cout << "schema is now at version " << report.current_version << "\n";
+    }
+    if (!report.held_back.empty()) {
+      std::cout << "held back (contract):";
+      for (int v : report.held_back) std::cout << " " << v;
+      std::cout << "; apply with `idemproxy migrate --contract` once every replica runs this release\n";
     }
     return kExitOk;
   } catch (const std::exception& e) {

@@ -17,6 +17,7 @@ constexpr int kExitUsage = 2;
 int serve(const std::string& config_path, const std::string& version);
 struct MigrateArgs {
   bool plan = false;                      // --plan: print what would be done, change nothing
+  bool contract = false;                  // --contract: also the contract migrations
   std::optional<Millis> lock_wait;        // --lock-wait: per step, default 10m
   std::optional<double> backfill_rest;    // --backfill-rest: default 1 (as long as the batch)
   std::string release;                    // recorded beside each migration applied

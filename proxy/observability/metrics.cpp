@@ -246,7 +246,7 @@ class Family {
   X(store_errors,       Counter,         "idemproxy_store_errors_total",         "kind",         \
     "Failed store operations, by kind of failure.")                                              \
   X(in_progress_oldest, Gauge,           "idemproxy_in_progress_oldest_seconds", "",             \
-    "Age of the oldest in-progress record (0 when none): a stuck claim shows here.")            \
+    "Age of the oldest claim this process holds (0 when none): a stuck claim shows here.")     \
   X(cache_lookups,      Counter,         "idemproxy_replay_cache_lookups_total", "result",       \
     "Replay cache lookups of protected requests while the cache is active, by result.")          \
   X(cache_notifications, Counter,        "idemproxy_replay_cache_notifications_total", "",      \

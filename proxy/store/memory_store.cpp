@@ -69,7 +69,7 @@ asio::awaitable<result<ClaimResult>> MemoryStore::claim(const ClaimRequest& req)
   row->fence = fence;
   row->lease_expires_at = now + req.lease;
   row->created_at = now;
-  row->expires_at = now + std::max(req.retention, req.lease);
+  row->expires_at = now + req.retention + req.lease;
   const Ownership owner{1, fence, epoch_us(row->created_at), epoch_us(row->expires_at)};
   rows_.emplace(std::move(key), std::move(row));
   co_return ClaimResult{true, owner};
@@ -149,7 +149,7 @@ asio::awaitable<result<std::optional<Ownership>>> MemoryStore::replace_expired(
   fresh.fence = ++last_fence_;
   fresh.lease_expires_at = now + req.lease;
   fresh.created_at = now;
-  fresh.expires_at = now + std::max(req.retention, req.lease);
+  fresh.expires_at = now + req.retention + req.lease;
   fresh.operation_registered = row.operation_registered;  // an UPDATE keeps the entry
   row = std::move(fresh);
   co_return std::optional<Ownership>{
@@ -176,7 +176,7 @@ asio::awaitable<result<Completed>> MemoryStore::complete(const RecordId& id, std
   row.state = State::completed;
   row.response = std::move(kept);
   row.completed_at = now;
-  row.expires_at = now + retention;
+  row.expires_at = std::max(row.expires_at, now + retention);  // as PgStore (the lean record)
   row.lease_expires_at.reset();
   co_return Completed{Completion::recorded, epoch_us(row.expires_at)};
 }

@@ -59,6 +59,12 @@ void plan_step(std::ostringstream& out, PGconn* c, const MigrationStep& step,
     if (PQntuples(r.get()) == 1 && std::string_view(PQgetvalue(r.get(), 0, 0)) == "f") {
       out << "; an INVALID index of that name exists (an interrupted run): dropped and built again";
     }
+  } else if (step.kind == StepKind::drop_index) {
+    out << " " << step.index << ", dropped concurrently outside a transaction (a partitioned "
+        << "index: in a moment of the table's lock)";
+  } else if (step.kind == StepKind::storage) {
+    out << " of " << step.table << ", in a transaction (a partitioned table: on each leaf "
+        << "partition); applies to pages written from now on, rewrites nothing";
   }
   out << "\n";
   for (const auto& l : locks) {
@@ -88,7 +94,7 @@ std::string plan_migrations(const std::string& conninfo, Millis connect_timeout)
   out << "database: schema " << check.database_version << " (" << to_string(check.status)
       << "); this binary: schema " << check.binary_version << "\n";
   if (!check.detail.empty()) out << check.detail << "\n";
-  if (check.status != SchemaStatus::behind) {
+  if (check.status != SchemaStatus::behind && check.contract_pending.empty()) {
     out << "nothing to apply\n";
     return out.str();
   }
@@ -102,6 +108,12 @@ std::string plan_migrations(const std::string& conninfo, Millis connect_timeout)
     const auto script = parse_migration(m);
     out << "\n" << migration_label(m) << ": " << script.steps.size() << " steps; replicas of schema "
         << script.compatible_from << " and later keep serving once it is applied\n";
+    if (script.contract) {
+      out << "  a contract migration: held back unless `migrate --contract`, which refuses while "
+          << "replicas before schema " << script.compatible_from << " are connected";
+      const auto older = older_replica_sessions(c, script.compatible_from);
+      out << " (now: " << older.size() << ")\n";
+    }
     const auto locks = classify_script(script);
     for (std::size_t i = 0; i < script.steps.size(); ++i) plan_step(out, c, script.steps[i], locks, i, online);
   }

@@ -65,6 +65,8 @@ class Runner {
         case StepKind::transaction: run_transaction(script, step, i + 1); break;
         case StepKind::backfill: run_backfill(script, step, i + 1); break;
         case StepKind::index: run_index(script, step, i + 1); break;
+        case StepKind::drop_index: run_drop_index(script, step, i + 1); break;
+        case StepKind::storage: run_storage(script, step, i + 1); break;
       }
       emit(MigrationEvent::Kind::step_done, i + 1, describe(step), seconds_since(step_started));
     }
@@ -88,6 +90,8 @@ class Runner {
       case StepKind::backfill:
         return "backfill " + step.table + ", " + std::to_string(step.pages) + " pages per batch";
       case StepKind::index: return "index " + step.index + " (concurrently)";
+      case StepKind::drop_index: return "drop index " + step.index + " (concurrently)";
+      case StepKind::storage: return "storage parameters of " + step.table;
     }
     return {};
   }
@@ -297,6 +301,45 @@ class Runner {
     }
   }
 
+  // DROP INDEX CONCURRENTLY waits for the transactions using the index and blocks no
+  // claim meanwhile; retried like a lock not granted. A partitioned index cannot be
+  // dropped concurrently (PostgreSQL 15): it goes in a moment of ACCESS EXCLUSIVE on the
+  // table, bounded by the preamble's lock_timeout and retried, as catalog steps are.
+  void run_drop_index(const MigrationScript& script, const MigrationStep& step, std::size_t n) {
+    auto kind = exec(conn_, "SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)",
+                     {step.index}, label_ + ": cannot inspect index " + step.index);
+    if (PQntuples(kind.get()) == 0) return;  // dropped already (a run again)
+    if (std::string_view(PQgetvalue(kind.get(), 0, 0)) == "I") {
+      emit(MigrationEvent::Kind::note, n,
+           "index " + step.index + " is partitioned: dropped in a moment of the table's lock");
+      auto q = exec(conn_, "SELECT 'BEGIN; DROP INDEX IF EXISTS ' || quote_ident($1) || '; COMMIT;'",
+                    {step.index}, label_ + ": cannot quote " + step.index);
+      until_granted(script, n, PQgetvalue(q.get(), 0, 0));
+      return;
+    }
+    until_granted(script, n, step.statements.back().c_str(), {}, sets_of(step));
+  }
+
+  // Storage parameters take SHARE UPDATE EXCLUSIVE, which no claim, read or completion
+  // waits for. A partitioned table has no storage of its own (PostgreSQL refuses the
+  // statement on it): the same clause goes to every leaf partition, in one transaction.
+  void run_storage(const MigrationScript& script, const MigrationStep& step, std::size_t n) {
+    const auto& alter = step.statements.back();
+    auto leaves = exec(conn_,
+                       "SELECT 'BEGIN; ' || string_agg(regexp_replace($2, '^\\s*alter\\s+table\\s+\\S+',"
+                       "         'ALTER TABLE ' || relid::regclass::text, 'i'), '; ') || '; COMMIT;'"
+                       " FROM pg_partition_tree($1::regclass) WHERE isleaf"
+                       "   AND (SELECT relkind FROM pg_class WHERE oid = $1::regclass) = 'p'",
+                       {step.table, alter}, label_ + ": cannot list the partitions of " + step.table);
+    if (PQgetisnull(leaves.get(), 0, 0)) {
+      until_granted(script, n, alter.c_str(), {}, sets_of(step));
+      return;
+    }
+    emit(MigrationEvent::Kind::note, n,
+         step.table + " is partitioned: its storage parameters are set on each leaf partition");
+    until_granted(script, n, PQgetvalue(leaves.get(), 0, 0), {}, sets_of(step));
+  }
+
   PGconn* conn_;
   const MigrateOptions& options_;
   std::string label_;
@@ -324,7 +367,57 @@ void ensure_schema_table(PGconn* c) {
   exec(c, "RESET lock_timeout");
 }
 
+// A contract migration (`-- idemproxy:contract`) removes what replicas of a release
+// before its compatible-from still use: it is applied only when asked (`migrate
+// --contract`), and then only while no session of such a replica is connected. False:
+// held back. A database migrated from nothing in this run takes them at once: no
+// replica can have served it before (each would have been `schema_behind`).
+bool admit(PGconn* c, const EmbeddedMigration& m, const MigrateOptions& options, bool fresh) {
+  const auto script = parse_migration(m);
+  if (!script.contract || fresh) return true;
+  const std::string label = migration_label(m);
+  if (!options.contract) {
+    if (options.on_event) {
+      MigrationEvent e;
+      e.version = m.version;
+      e.name = label;
+      e.detail = "held back: a contract migration (it removes what releases before schema " +
+                 std::to_string(script.compatible_from) + " use); run `idemproxy migrate --contract` " +
+                 "once every replica runs schema " + std::to_string(script.compatible_from) + " or later";
+      options.on_event(e);
+    }
+    return false;
+  }
+  const auto older = older_replica_sessions(c, script.compatible_from);
+  if (!older.empty()) {
+    std::string list;
+    for (const auto& o : older) list += (list.empty() ? "" : "; ") + o;
+    throw std::runtime_error("refusing to apply contract migration " + label + ": " +
+                             std::to_string(older.size()) + " session(s) of replicas before schema " +
+                             std::to_string(script.compatible_from) + " are connected (" + list +
+                             "); finish rolling them out first");
+  }
+  return true;
+}
+
 }  // namespace
+
+// Replicas name their schema in application_name ("idemproxy schema=8", the listener
+// "idemproxy-listener schema=8", pg_store_pool_options()); releases before that named
+// none ("idemproxy", "idemproxy-listener"), and count as older than any contract.
+std::vector<std::string> older_replica_sessions(PGconn* c, int compatible_from) {
+  auto r = exec(c,
+                "SELECT pid::text || ' ' || application_name FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                "   AND application_name ~ '^idemproxy(-listener)?( |$)'"
+                "   AND coalesce(substring(application_name from ' schema=([0-9]{1,6})$')::integer, 0)"
+                "       < $1::integer"
+                " ORDER BY pid",
+                {std::to_string(compatible_from)}, "cannot list the sessions of replicas");
+  std::vector<std::string> out;
+  for (int i = 0; i < PQntuples(r.get()); ++i) out.emplace_back(PQgetvalue(r.get(), i, 0));
+  return out;
+}
 
 MigrationReport apply_migrations(const std::string& conninfo, const MigrateOptions& options) {
   ConnPtr conn = connect_blocking(conninfo, options.connect_timeout);
@@ -357,6 +450,10 @@ MigrationReport apply_migrations(const std::string& conninfo, const MigrateOptio
     const bool done = std::any_of(applied.begin(), applied.end(),
                                   [&](const auto& a) { return a.version == m.version; });
     if (done) continue;
+    if (!admit(c, m, options, applied.empty())) {
+      report.held_back.push_back(m.version);
+      continue;
+    }
     runner.run(m);
     report.applied.push_back(m.version);
     report.current_version = std::max(report.current_version, m.version);

@@ -14,6 +14,8 @@ std::string_view to_string(StepKind kind) noexcept {
     case StepKind::transaction: return "transaction";
     case StepKind::backfill: return "backfill";
     case StepKind::index: return "index";
+    case StepKind::drop_index: return "drop-index";
+    case StepKind::storage: return "storage";
   }
   return "?";
 }
@@ -149,7 +151,7 @@ void check_step(const EmbeddedMigration& m, MigrationStep& step) {
     }
     return;
   }
-  // backfill and index: SETs, then exactly one statement.
+  // backfill, index, drop-index and storage: SETs, then exactly one statement.
   std::size_t main = 0;
   while (main < step.statements.size() && is_set(step.statements[main])) ++main;
   if (main + 1 != step.statements.size()) {
@@ -160,6 +162,22 @@ void check_step(const EmbeddedMigration& m, MigrationStep& step) {
   if (step.kind == StepKind::backfill) {
     if (!starts_with(s, "UPDATE") || !contains(s, "$1") || !contains(s, "$2")) {
       fail(m, step.line, "a backfill step is one UPDATE that takes the page range as $1 and $2");
+    }
+  } else if (step.kind == StepKind::storage) {
+    // Storage parameters alone (SHARE UPDATE EXCLUSIVE): anything more in the statement
+    // would take the lock of that clause instead.
+    std::string body = s;
+    while (!body.empty() && (body.back() == ';' || body.back() == ' ')) body.pop_back();
+    const std::string head = "ALTER TABLE " + normalize_sql(step.table) + " SET (";
+    if (body.compare(0, head.size(), head) != 0 || body.find(')') != body.size() - 1) {
+      fail(m, step.line, "a storage step is one ALTER TABLE " + step.table +
+                             " SET (parameter = value, ...) and nothing else");
+    }
+  } else if (step.kind == StepKind::drop_index) {
+    if (!starts_with(s, "DROP INDEX CONCURRENTLY IF EXISTS")) {
+      fail(m, step.line, "a drop-index step is one DROP INDEX CONCURRENTLY IF EXISTS");
+    } else if (word_after(s, " EXISTS") != normalize_sql(step.index)) {
+      fail(m, step.line, "the drop-index step names " + step.index + " but drops another index");
     }
   } else if (!starts_with(s, "CREATE INDEX CONCURRENTLY IF NOT EXISTS") &&
              !starts_with(s, "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS")) {
@@ -191,11 +209,15 @@ MigrationStep parse_marker(const EmbeddedMigration& m, int line, std::string_vie
         step.pages > 100000) {
       fail(m, line, "backfill pages must be a number from 1 to 100000");
     }
-  } else if (words[0] == "index" && words.size() == 2) {
-    step.kind = StepKind::index;
+  } else if (words[0] == "storage" && words.size() == 2) {
+    step.kind = StepKind::storage;
+    step.table = std::string(words[1]);
+  } else if ((words[0] == "index" || words[0] == "drop-index") && words.size() == 2) {
+    step.kind = words[0] == "index" ? StepKind::index : StepKind::drop_index;
     step.index = std::string(words[1]);
   } else {
-    fail(m, line, "unknown step: expected `transaction`, `backfill TABLE PAGES` or `index NAME`");
+    fail(m, line, "unknown step: expected `transaction`, `backfill TABLE PAGES`, `index NAME`, "
+                  "`drop-index NAME` or `storage TABLE`");
   }
   return step;
 }
@@ -292,6 +314,9 @@ MigrationScript parse_migration(const EmbeddedMigration& m) {
           fail(m, line_no, "supersedes takes the SHA-256 (64 lower-case hex digits) of an earlier text");
         }
         script.supersedes.emplace_back(value);
+      } else if (name == "contract") {
+        if (!value.empty()) fail(m, line_no, "idemproxy:contract takes no value");
+        script.contract = true;
       } else {
         fail(m, line_no, "unknown directive idemproxy:" + std::string(name));
       }
@@ -307,7 +332,15 @@ MigrationScript parse_migration(const EmbeddedMigration& m) {
   for (const auto& s : script.preamble) {
     if (!is_set(s)) fail(m, 1, "before the first step only SET statements may stand");
   }
-  for (auto& s : script.steps) check_step(m, s);
+  for (auto& s : script.steps) {
+    check_step(m, s);
+    // Removing an index is the contract half of a change: the previous release may still
+    // read through it, and its scans would turn into scans of the whole table.
+    if (s.kind == StepKind::drop_index && !script.contract) {
+      fail(m, s.line, "a drop-index step belongs in a contract migration (`-- idemproxy:contract`): "
+                      "replicas of the previous release may still use the index");
+    }
+  }
   return script;
 }
 

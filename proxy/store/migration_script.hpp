@@ -8,6 +8,9 @@
 //                                         database with this migration (required)
 //   -- idemproxy:supersedes <sha256>      an earlier text of this migration with the same
 //                                         end state; databases that recorded it are current
+//   -- idemproxy:contract                 removes what an older release still uses: applied
+//                                         only by `migrate --contract`, once no replica of a
+//                                         release before compatible-from is connected
 //   SET lock_timeout = '100ms';           the preamble: SET statements only, run again
 //   SET statement_timeout = '10min';      before every step
 //   -- idemproxy:step transaction         BEGIN; ...; COMMIT;   run as one, retried whole
@@ -16,6 +19,13 @@
 //   -- idemproxy:step index NAME          one CREATE INDEX CONCURRENTLY IF NOT EXISTS NAME,
 //                                         outside a transaction; an INVALID NAME left by
 //                                         an interrupted run is dropped and built again
+//   -- idemproxy:step drop-index NAME     one DROP INDEX CONCURRENTLY IF EXISTS NAME, outside
+//                                         a transaction (a partitioned index, which cannot
+//                                         be dropped concurrently, is dropped in a moment of
+//                                         the lock under the preamble's lock_timeout)
+//   -- idemproxy:step storage TABLE       one ALTER TABLE TABLE SET (storage parameters),
+//                                         in a transaction; on a partitioned TABLE (which
+//                                         has no storage) it is set on every leaf partition
 //
 // Parsing and classifying are pure, so every embedded migration is checked by unit tests
 // (parse_migration throws on a file the migrator could not run as written).
@@ -28,15 +38,15 @@ namespace idem::store {
 
 struct EmbeddedMigration;
 
-enum class StepKind { transaction, backfill, index };
+enum class StepKind { transaction, backfill, index, drop_index, storage };
 std::string_view to_string(StepKind kind) noexcept;
 
 struct MigrationStep {
   StepKind kind = StepKind::transaction;
   int line = 0;              // of the step's marker, for messages
-  std::string table;         // backfill: the table whose pages are walked
+  std::string table;         // backfill: the table whose pages are walked; storage: the table
   unsigned pages = 0;        // backfill: pages per batch
-  std::string index;         // index: the index's name
+  std::string index;         // index, drop_index: the index's name
   std::string sql;           // the step's text (transaction: sent as one query string)
   std::vector<std::string> statements;  // split, comments kept; backfill/index: SETs, then one
 };
@@ -44,6 +54,7 @@ struct MigrationStep {
 struct MigrationScript {
   int compatible_from = 0;
   std::vector<std::string> supersedes;  // hex SHA-256 of earlier texts
+  bool contract = false;                // applied only by `migrate --contract`
   std::vector<std::string> preamble;    // SET statements
   std::vector<MigrationStep> steps;
 };

@@ -47,13 +47,15 @@ namespace {
 struct Known {
   const EmbeddedMigration* migration;
   std::vector<std::string> checksums;
+  bool contract = false;
 };
 
 std::map<int, Known> index_known(const std::vector<EmbeddedMigration>& list) {
   std::map<int, Known> known;
   for (const auto& m : list) {
-    Known k{&m, {migration_checksum(m)}};
-    for (auto& c : parse_migration(m).supersedes) k.checksums.push_back(std::move(c));
+    auto script = parse_migration(m);
+    Known k{&m, {migration_checksum(m)}, script.contract};
+    for (auto& c : script.supersedes) k.checksums.push_back(std::move(c));
     known.emplace(m.version, std::move(k));
   }
   return known;
@@ -126,7 +128,12 @@ SchemaCheck compare_with(const std::vector<AppliedMigration>& applied,
   }
   std::string pending;
   for (const auto& [version, k] : known) {
-    if (!seen.count(version)) pending += (pending.empty() ? "" : ", ") + migration_label(*k.migration);
+    if (seen.count(version)) continue;
+    if (k.contract) {
+      check.contract_pending.push_back(migration_label(*k.migration));
+    } else {
+      pending += (pending.empty() ? "" : ", ") + migration_label(*k.migration);
+    }
   }
   if (!pending.empty()) {
     check.status = SchemaStatus::behind;

@@ -29,6 +29,7 @@ std::string migration_label(const EmbeddedMigration& m);
 
 struct MigrationReport {
   std::vector<int> applied;  // versions applied by this call
+  std::vector<int> held_back;  // contract migrations left for `migrate --contract`
   int current_version = 0;   // after the call (the database's newest)
   int binary_version = 0;    // the newest this binary embeds
 };
@@ -60,7 +61,15 @@ struct MigrateOptions {
   std::function<void(const MigrationEvent&)> on_event;
   // The migrations to apply; null: the embedded ones (tests pass their own).
   const std::vector<EmbeddedMigration>* migrations = nullptr;
+  // Also apply contract migrations (`-- idemproxy:contract`: they remove what an older
+  // release still uses). Refused while a session of such a release is connected.
+  bool contract = false;
 };
+
+// The sessions of replicas too old for a contract migration that allows binaries from
+// schema `compatible_from`: "pid application_name" for each (application names carry the
+// schema, pg_store_pool_options()). Blocking.
+std::vector<std::string> older_replica_sessions(pg_conn* conn, int compatible_from);
 
 // Applies pending migrations under a session advisory lock (concurrent migrators wait,
 // then find nothing to do), step by step as each file says (migration_script.hpp), and
@@ -95,6 +104,9 @@ struct SchemaCheck {
   int binary_version = 0;
   int required_version = 0;  // the oldest binary schema the database allows (newer only)
   std::string detail;
+  // Contract migrations this binary embeds and the database lacks. They never make a
+  // binary `behind`: it serves with or without them (docs/operations.md, "Upgrading").
+  std::vector<std::string> contract_pending;
 };
 
 // Compares idemproxy_schema_migrations with the embedded list. Blocking. Throws

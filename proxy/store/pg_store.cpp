@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <mutex>
 #include <initializer_list>
 #include <tuple>
 #include <unordered_map>
@@ -10,6 +11,7 @@
 
 #include "store/batcher.hpp"
 #include "store/header_codec.hpp"
+#include "store/migrations.hpp"
 #include "store/pg_array.hpp"
 
 namespace idem::store {
@@ -36,7 +38,6 @@ constexpr const char* kRenew = "idem_renew";
 constexpr const char* kExpireLease = "idem_expire_lease";
 constexpr const char* kPurge = "idem_purge";
 constexpr const char* kDeleteExpired = "idem_delete_expired";
-constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
 constexpr const char* kRegisterOperation = "idem_register_operation";
 constexpr const char* kFindOperation = "idem_find_operation";
 constexpr const char* kNotePayload = "idem_note_payload";
@@ -46,6 +47,14 @@ constexpr const char* kCompleteBatch = "idem_complete_batch";
 constexpr const char* kReleaseBatch = "idem_release_batch";
 constexpr const char* kRenewBatch = "idem_renew_batch";
 
+// The lean record (migration 0008, docs/architecture.md "The record"): a claim fixes
+// expires_at at retention plus one lease from now, and a completion keeps it whenever that
+// is still at least retention from the completion (every completion within the first
+// lease, which is nearly all of them); only a later one moves it. A completion therefore
+// changes no indexed column and PostgreSQL writes it as a HOT update, in the same page,
+// without new index entries. A record is kept at least `retention` after its completion
+// and at most one lease longer.
+//
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
 // Every claim draws a fencing token, the loser's is simply never used: a sequence value is
@@ -56,8 +65,7 @@ INSERT INTO idempotency_requests
    attempt_token, lease_expires_at, created_at, expires_at, fencing_token)
 VALUES ($1, $2, $3, $4, $5, 'in_progress', 1,
         now() + $6::bigint * interval '1 millisecond', now(),
-        GREATEST(now() + $7::bigint * interval '1 millisecond',
-                 now() + $6::bigint * interval '1 millisecond'),
+        now() + ($7::bigint + $6::bigint) * interval '1 millisecond',
         nextval('idempotency_fencing_tokens'))
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING attempt_token, fencing_token,
@@ -153,8 +161,7 @@ SET request_fingerprint = $4,
     resource_id = NULL,
     created_at = now(),
     completed_at = NULL,
-    expires_at = GREATEST(now() + $7::bigint * interval '1 millisecond',
-                          now() + $6::bigint * interval '1 millisecond')
+    expires_at = now() + ($7::bigint + $6::bigint) * interval '1 millisecond'
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $8::bigint
   AND expires_at <= now()
@@ -178,7 +185,7 @@ SET state = 'completed',
     response_body_omitted = $8::boolean,
     resource_id = NULLIF($9, ''),
     completed_at = now(),
-    expires_at = now() + $10::bigint * interval '1 millisecond',
+    expires_at = GREATEST(expires_at, now() + $10::bigint * interval '1 millisecond'),
     lease_expires_at = NULL,
     trace_id = NULLIF($11, '')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
@@ -286,12 +293,6 @@ RETURNING previous_operation_id IS NOT NULL AND previous_operation_id <> $5 AS d
           previous_operation_id, previous_key_hash,
           floor(extract(epoch FROM now() - previous_seen_at) * 1000)::bigint)sql";
 
-// Matches the partial index on (created_at) WHERE state = 'in_progress'.
-constexpr const char* kOldestInProgressSql = R"sql(
-SELECT ceil(extract(epoch FROM now() - min(created_at)) * 1000)::bigint
-FROM idempotency_requests
-WHERE state = 'in_progress')sql";
-
 // ---- Batched statements (database.batching): the claims, reads and completions of
 // concurrent requests on one worker, one statement and one commit for all of them. Each
 // takes parallel arrays (one element per request, binary format: store/pg_array.hpp) and
@@ -315,8 +316,7 @@ INSERT INTO idempotency_requests
 SELECT u.tenant_id, u.endpoint, u.idempotency_key, u.fingerprint, u.principal,
        'in_progress', 1,
        now() + u.lease_ms * interval '1 millisecond', now(),
-       GREATEST(now() + u.retention_ms * interval '1 millisecond',
-                now() + u.lease_ms * interval '1 millisecond'),
+       now() + (u.retention_ms + u.lease_ms) * interval '1 millisecond',
        nextval('idempotency_fencing_tokens')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigint[],
             $7::bigint[])
@@ -395,7 +395,7 @@ SET state = 'completed',
     response_body_omitted = u.body_omitted,
     resource_id = NULLIF(u.resource_id, ''),
     completed_at = now(),
-    expires_at = now() + u.retention_ms * interval '1 millisecond',
+    expires_at = GREATEST(r.expires_at, now() + u.retention_ms * interval '1 millisecond'),
     lease_expires_at = NULL,
     trace_id = NULLIF(u.trace_id, '')
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::text[],
@@ -564,7 +564,6 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kExpireLease, kExpireLeaseSql},
       {kPurge, kPurgeSql},
       {kDeleteExpired, kDeleteExpiredSql},
-      {kOldestInProgress, kOldestInProgressSql},
       {kRegisterOperation, kRegisterOperationSql},
       {kFindOperation, kFindOperationSql},
       {kNotePayload, kNotePayloadSql},
@@ -598,6 +597,14 @@ const std::vector<pg::SessionSetting>& pg_store_session_settings() {
   return settings;
 }
 
+// The schema in the name lets `migrate --contract` see which releases still connect
+// (older_replica_sessions()); releases before it named none.
+std::string replica_application_name(std::string_view role) {
+  const auto& list = embedded_migrations();
+  const int schema = list.empty() ? 0 : list.back().version;
+  return std::string(role) + " schema=" + std::to_string(schema);
+}
+
 pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
                                       Millis connect_timeout, Millis statement_timeout) {
   pg::PoolOptions po;
@@ -608,10 +615,57 @@ pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
   po.acquire_timeout = statement_timeout;
   po.statements = pg_store_statements();
   po.settings = pg_store_session_settings();
+  po.application_name = replica_application_name("idemproxy");
   return po;
 }
 
 // ---------------------------------------------------------------------------- shared state
+
+// The claims this process holds: won (claim, take-over, replacement) and not yet
+// completed, released, expired or fenced, by fencing token (unique per claim). The
+// stuck-work gauge reads it instead of the table: any index that could find in-progress
+// rows names a column the completion changes, and would make every completion a non-HOT
+// update (docs/performance.md, "The lean record"). A claim whose lease ran out without a
+// renewal is no longer held by anyone (a retry takes it over): it is dropped when read.
+struct PgStore::HeldClaims {
+  struct Held {
+    SteadyClock::time_point since;
+    SteadyClock::time_point lease_until;
+  };
+  std::mutex mutex;
+  std::unordered_map<std::int64_t, Held> by_fence;
+
+  void hold(std::int64_t fence, Millis lease) {
+    const auto now = SteadyClock::now();
+    std::lock_guard lock(mutex);
+    by_fence.insert_or_assign(fence, Held{now, now + lease});
+  }
+  void renewed(std::int64_t fence, Millis lease) {
+    std::lock_guard lock(mutex);
+    if (auto it = by_fence.find(fence); it != by_fence.end()) {
+      it->second.lease_until = SteadyClock::now() + lease;
+    }
+  }
+  void drop(std::int64_t fence) {
+    std::lock_guard lock(mutex);
+    by_fence.erase(fence);
+  }
+  std::optional<Millis> oldest() {
+    const auto now = SteadyClock::now();
+    std::lock_guard lock(mutex);
+    std::optional<SteadyClock::time_point> first;
+    for (auto it = by_fence.begin(); it != by_fence.end();) {
+      if (it->second.lease_until <= now) {
+        it = by_fence.erase(it);
+        continue;
+      }
+      if (!first || it->second.since < *first) first = it->second.since;
+      ++it;
+    }
+    if (!first) return std::nullopt;
+    return std::chrono::duration_cast<Millis>(now - *first);
+  }
+};
 
 struct PgStore::Core {
   std::shared_ptr<pg::Pool> pool;
@@ -1170,7 +1224,7 @@ struct PgStore::Batchers {
 };
 
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching batching)
-    : core_(std::make_shared<Core>()) {
+    : core_(std::make_shared<Core>()), held_(std::make_shared<HeldClaims>()) {
   core_->pool = std::move(pool);
   core_->claim_read = claim_read;
   core_->lone_calls_batched = batching.lone_calls_batched;
@@ -1180,7 +1234,7 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
 }
 
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, const PgStore& home)
-    : core_(std::make_shared<Core>()), batchers_(home.batchers_), remote_(true) {
+    : core_(std::make_shared<Core>()), held_(home.held_), batchers_(home.batchers_), remote_(true) {
   core_->pool = std::move(pool);
   core_->claim_read = claim_read;
   core_->lone_calls_batched = home.core_->lone_calls_batched;
@@ -1236,9 +1290,14 @@ asio::awaitable<result<ClaimResult>> PgStore::claim(const ClaimRequest& req) {
     ClaimItem item{req};
     auto cancelled = failed<ClaimResult>(make_error_code(pg::errc::cancelled));
     auto out = co_await claims->submit(std::move(item), std::move(cancelled), remote_);
-    if (out) co_return std::move(*out);
+    if (out) {
+      if (*out && (*out)->won) held_->hold((*out)->owner.fence, req.lease);
+      co_return std::move(*out);
+    }
   }
-  co_return co_await claim_one(std::move(core), req);
+  auto out = co_await claim_one(std::move(core), req);
+  if (out && out->won) held_->hold(out->owner.fence, req.lease);
+  co_return out;
 }
 
 asio::awaitable<result<std::optional<Record>>> PgStore::read(const RecordId& id) {
@@ -1258,7 +1317,9 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::take_over(
   auto params = key_params(id, {pg::Param::text(seen), pg::Param::text(lease_ms)});
   auto r = co_await core_->pool->execute(kTakeOver, std::move(params));
   if (!r) co_return failed<std::optional<Ownership>>(r.error());
-  co_return returned_ownership(*r);
+  auto owner = returned_ownership(*r);
+  if (owner && *owner) held_->hold((*owner)->fence, lease);
+  co_return owner;
 }
 
 asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
@@ -1271,12 +1332,24 @@ asio::awaitable<result<std::optional<Ownership>>> PgStore::replace_expired(
                                     pg::Param::text(retention), pg::Param::text(seen)});
   auto r = co_await core_->pool->execute(kReplaceExpired, std::move(params));
   if (!r) co_return failed<std::optional<Ownership>>(r.error());
-  co_return returned_ownership(*r);
+  auto owner = returned_ownership(*r);
+  if (owner && *owner) held_->hold((*owner)->fence, req.lease);
+  co_return owner;
 }
 
 asio::awaitable<result<Completed>> PgStore::complete(const RecordId& id, std::int64_t fence,
                                                       const StoredResponse& response,
                                                       Millis retention) {
+  auto out = co_await complete_held(id, fence, response, retention);
+  // Recorded, recorded before, or fenced: this claim is no longer held. A failure leaves
+  // it held until its lease runs out (the caller expires or retries it).
+  if (out) held_->drop(fence);
+  co_return out;
+}
+
+asio::awaitable<result<Completed>> PgStore::complete_held(const RecordId& id, std::int64_t fence,
+                                                           const StoredResponse& response,
+                                                           Millis retention) {
   auto pool = core_->pool;
   const bool small = response.body_omitted || response.body.size() <= kMaxBatchedBody;
   const bool batchable = batchers_ && small && !has_nul(id.tenant) && !has_nul(id.endpoint) &&
@@ -1317,8 +1390,10 @@ asio::awaitable<result<bool>> PgStore::release(const RecordId& id, std::int64_t 
   std::shared_ptr<FencedBatcher> batcher;
   if (batchers_) batcher = batchers_->releases;
   FencedItem item{id, fence, Millis{0}};
-  co_return co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::release,
-                                  std::move(item));
+  auto out = co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::release,
+                                   std::move(item));
+  if (out) held_->drop(fence);
+  co_return out;
 }
 
 asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fence,
@@ -1326,8 +1401,11 @@ asio::awaitable<result<bool>> PgStore::renew(const RecordId& id, std::int64_t fe
   std::shared_ptr<FencedBatcher> batcher;
   if (batchers_) batcher = batchers_->renewals;
   FencedItem item{id, fence, lease};
-  co_return co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::renew,
-                                  std::move(item));
+  auto out = co_await fenced_write(core_, std::move(batcher), remote_, FencedWrite::renew,
+                                   std::move(item));
+  if (out && *out) held_->renewed(fence, lease);
+  if (out && !*out) held_->drop(fence);  // fenced: another claim owns the record now
+  co_return out;
 }
 
 asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int64_t fence) {
@@ -1335,6 +1413,7 @@ asio::awaitable<result<bool>> PgStore::expire_lease(const RecordId& id, std::int
   auto params = key_params(id, {pg::Param::text(token)});
   auto r = co_await core_->pool->execute(kExpireLease, std::move(params));
   if (!r) co_return failed<bool>(r.error());
+  held_->drop(fence);
   co_return r->affected_rows() == 1;
 }
 
@@ -1378,14 +1457,10 @@ asio::awaitable<result<std::size_t>> PgStore::delete_expired(std::size_t batch) 
   co_return static_cast<std::size_t>(r->affected_rows());
 }
 
+// The claims this process holds (HeldClaims): no statement, so a scrape costs the
+// database nothing.
 asio::awaitable<result<std::optional<Millis>>> PgStore::oldest_in_progress_age() {
-  auto r = co_await core_->pool->execute(kOldestInProgress, std::vector<pg::Param>{});
-  if (!r) co_return failed<std::optional<Millis>>(r.error());
-  if (r->rows() != 1) co_return bad_row();
-  if (r->is_null(0, 0)) co_return std::optional<Millis>{};
-  const auto ms = r->int64(0, 0);
-  if (!ms) co_return bad_row();
-  co_return std::optional<Millis>{Millis{*ms}};
+  co_return held_->oldest();
 }
 
 asio::awaitable<result<bool>> PgStore::register_operation(const RecordId& id,

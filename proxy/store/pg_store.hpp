@@ -101,12 +101,17 @@ class PgStore final : public Store {
   // start of a call): the pool, the claim-read policy and its statistics.
   struct Core;
   struct Batchers;
+  struct HeldClaims;
 
  private:
+  asio::awaitable<result<Completed>> complete_held(const RecordId& id, std::int64_t fence,
+                                                    const StoredResponse& response,
+                                                    Millis retention);
   static std::shared_ptr<Batchers> make_batchers(const std::shared_ptr<Core>& core,
                                                  std::size_t max_size);
 
   std::shared_ptr<Core> core_;
+  std::shared_ptr<HeldClaims> held_;    // shared by every store of the process
   std::shared_ptr<Batchers> batchers_;  // null when batching is off
   bool remote_ = false;                 // batchers_ are another loop's (the home store's)
 };
@@ -119,6 +124,9 @@ const std::vector<pg::SessionSetting>& pg_store_session_settings();
 
 // Pool options for a PgStore: pg_store_statements() and pg_store_session_settings() on
 // every connection, acquire_timeout = statement_timeout.
+// "idemproxy schema=8": the application_name of the replica's sessions (`role` first).
+std::string replica_application_name(std::string_view role);
+
 pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
                                       Millis connect_timeout, Millis statement_timeout);
 

@@ -333,7 +333,7 @@ TEST_CASE("a record lookup shows state and timing, never the body or header valu
   CHECK(o.at("fencing_token").as_int64() > 0);
   CHECK(o.at("created_at") == "2023-11-14T22:13:20.000000Z");
   CHECK(o.at("completed_at") == "2023-11-14T22:13:20.000000Z");
-  CHECK(o.at("expires_at") == "2023-11-14T23:13:20.000000Z");
+  CHECK(o.at("expires_at") == "2023-11-14T23:13:50.000000Z");  // retention + the 30 s lease
   CHECK(o.at("lease_expires_at").is_null());
   CHECK(o.at("expired") == false);
   CHECK(std::string(o.at("fingerprint_prefix").as_string()) == std::string(16, 'f'));

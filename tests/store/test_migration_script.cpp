@@ -123,6 +123,45 @@ TEST_CASE("parse_migration: directives, preamble and steps") {
   CHECK(s.steps[2].statements.size() == 2);
 }
 
+TEST_CASE("parse_migration: a contract migration and its drop-index step") {
+  const auto s = parse(std::string(kHeader) + "-- idemproxy:contract\n"
+                       "-- idemproxy:step drop-index t_c_idx\nSET lock_timeout = '10min';\n"
+                       "DROP INDEX CONCURRENTLY IF EXISTS t_c_idx;\n");
+  CHECK(s.contract);
+  REQUIRE(s.steps.size() == 1);
+  CHECK(s.steps[0].kind == StepKind::drop_index);
+  CHECK(s.steps[0].index == "t_c_idx");
+  CHECK(s.steps[0].statements.size() == 2);
+  CHECK_FALSE(parse(std::string(kHeader) + "-- idemproxy:step transaction\nBEGIN;\nSELECT 1;\nCOMMIT;\n")
+                  .contract);
+  const std::string drop = "-- idemproxy:step drop-index a_idx\nDROP INDEX CONCURRENTLY IF EXISTS a_idx;\n";
+  // Outside a contract migration, the previous release may still read through the index.
+  CHECK(parse_error(std::string(kHeader) + drop).find("contract migration") != std::string::npos);
+  const std::string contract = std::string(kHeader) + "-- idemproxy:contract\n";
+  CHECK(parse_error(contract + "-- idemproxy:step drop-index a_idx\nDROP INDEX a_idx;\n")
+            .find("DROP INDEX CONCURRENTLY IF EXISTS") != std::string::npos);
+  CHECK(parse_error(contract + "-- idemproxy:step drop-index a_idx\nDROP INDEX CONCURRENTLY IF EXISTS b_idx;\n")
+            .find("another index") != std::string::npos);
+  CHECK(parse_error(std::string(kHeader) + "-- idemproxy:contract yes\n" + drop).find("no value") !=
+        std::string::npos);
+}
+
+TEST_CASE("parse_migration: a storage step sets storage parameters and nothing else") {
+  const auto s = parse(std::string(kHeader) + "-- idemproxy:step storage t\nSET lock_timeout = '5s';\n"
+                       "ALTER TABLE t SET (fillfactor = 75);\n");
+  REQUIRE(s.steps.size() == 1);
+  CHECK(s.steps[0].kind == StepKind::storage);
+  CHECK(s.steps[0].table == "t");
+  for (const auto& c : classify_script(s)) CHECK(c.lock.online);
+  const std::string step = std::string(kHeader) + "-- idemproxy:step storage t\n";
+  CHECK(parse_error(step + "ALTER TABLE u SET (fillfactor = 75);\n").find("storage step") != std::string::npos);
+  CHECK(parse_error(step + "ALTER TABLE t ADD COLUMN c text;\n").find("storage step") != std::string::npos);
+  CHECK(parse_error(step + "ALTER TABLE t SET (fillfactor = 75), ALTER COLUMN c TYPE int;\n")
+            .find("storage step") != std::string::npos);
+  CHECK(parse_error(step + "ALTER TABLE t SET (fillfactor = 75);\nALTER TABLE t SET (fillfactor = 70);\n")
+            .find("exactly one statement") != std::string::npos);
+}
+
 TEST_CASE("parse_migration: refuses what the migrator could not run as written") {
   const std::string tx = "-- idemproxy:step transaction\nBEGIN;\nSELECT 1;\nCOMMIT;\n";
   CHECK(parse_error("SET lock_timeout = '1s';\n" + tx).find("compatible-from") != std::string::npos);
