@@ -89,6 +89,7 @@ class Upgrade {
   void probe_loop(int replica);
   void sample_loop();
   void roll();
+  void contract(const std::filesystem::path& cfg);
   void phase(std::string what, std::int64_t start_us);
   boost::json::object figures(std::vector<std::string>& failures, idem::it::Db& orders_db);
 
@@ -105,6 +106,7 @@ class Upgrade {
   std::vector<StepWindow> steps_;
   std::string migrate_output_;
   int migrate_status_ = -1;
+  int contract_status_ = -1;  // `migrate --contract` after the roll
   std::string roll_error_;
   double prefill_seconds_ = 0;
   std::vector<std::jthread> threads_;
