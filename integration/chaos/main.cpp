@@ -653,6 +653,7 @@ int run(const Args& args) {
                                     .response_timeout = args.response_timeout,
                                     .cluster = cluster ? &*cluster : nullptr,
                                     .replica_binary = args.upgrade_from});
+  MetricsTally tally;
   std::optional<Upgrade> upgrade;
   if (!args.upgrade_to.empty()) {
     upgrade.emplace(topology, UpgradeOptions{.new_binary = args.upgrade_to,
@@ -661,7 +662,8 @@ int run(const Args& args) {
                                              .prefill = args.prefill,
                                              .expect_incompatible = args.expect_incompatible,
                                              .readiness_may_drop = args.readiness_may_drop,
-                                             .out = out});
+                                             .out = out,
+                                             .tally = &tally});
     upgrade->prefill();
   }
   // The replicas have migrated the store by now (migrate: auto, before they listen). A
@@ -676,7 +678,6 @@ int run(const Args& args) {
       for (const char* sql : kClaimWitnessSql) store.exec(sql);
     }
   }
-  MetricsTally tally;
   Nemesis nemesis(topology, history,
                   Schedule(Rng::derive(args.seed, 0xfa17), args.faults,
                            FaultTimings{.lease = args.lease,

@@ -211,6 +211,10 @@ void Upgrade::roll() {
   idle(1s);
   for (int r = 0; r < Topology::kReplicas && !stop_.load(); ++r) {
     t = wall_us();
+    if (options_.tally) {
+      if (auto values = topology_.scrape(r)) options_.tally->observe(r, *values);
+      options_.tally->bank(r);
+    }
     replacing_[r] = true;
     topology_.replace_replica(r, options_.new_binary, 60s);
     upgraded_[r] = true;

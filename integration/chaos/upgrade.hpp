@@ -24,6 +24,7 @@
 #include <boost/json/object.hpp>
 
 #include "migrate_log.hpp"
+#include "nemesis.hpp"
 #include "topology.hpp"
 
 namespace idem::chaos {
@@ -38,6 +39,9 @@ struct UpgradeOptions {
   bool readiness_may_drop = false;  // the old release predates the compatibility rule
   Millis max_stall{1000};
   std::filesystem::path out;
+  // The run's counters: a replica's are banked before it is replaced, so the summary
+  // adds up both releases' takeovers, fenced writes and outcomes.
+  MetricsTally* tally = nullptr;
 };
 
 

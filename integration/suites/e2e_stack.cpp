@@ -124,6 +124,7 @@ OrderStack::OrderStack(StackOptions options) : options_(std::move(options)) {
   sidecar_options_.routes = {order_route(options_)};
   for (const auto& r : options_.extra_routes) sidecar_options_.routes.push_back(r);
   sidecar_options_.extra_yaml = options_.sidecar_yaml;
+  sidecar_options_.admin_listen = options_.admin_listen;
   sidecar_ = std::make_unique<Sidecar>(sidecar_options_);
 }
 

@@ -76,6 +76,8 @@ struct StackOptions {
   // More sidecar routes beside the order route, each on a path of its own (the API serves
   // the same create at /v1/orders and /v2/orders too).
   std::vector<RouteOptions> extra_routes;
+  // The sidecar's admin listener (host:port), for /metrics; empty: off.
+  std::string admin_listen;
 };
 
 // The sidecar route of config/demo.yaml, with the test's timings.

@@ -9,7 +9,7 @@
 -- whole primary key, tenant_id first, so each touches one partition; only retention
 -- cleanup and the in-progress gauge read them all.
 --
--- Run it once, on schema version 6 (it refuses any other: a later migration may need it
+-- Run it once, on schema version 7 (it refuses any other: a later migration may need it
 -- updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
@@ -34,8 +34,8 @@ BEGIN
     RETURN;
   END IF;
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
-  IF version IS DISTINCT FROM 6 THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema version 6, the database is at %', version
+  IF version IS DISTINCT FROM 7 THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema version 7, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN

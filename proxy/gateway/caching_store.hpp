@@ -54,6 +54,9 @@ class CachingStore final : public store::Store {
                                              std::int64_t fence) override {
     return inner_.expire_lease(id, fence);
   }
+  asio::awaitable<result<store::PayloadSeen>> note_payload(const store::PayloadNote& note) override {
+    return inner_.note_payload(note);  // no record is read or changed
+  }
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override {
     return inner_.delete_expired(batch);
   }

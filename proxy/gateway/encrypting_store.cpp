@@ -76,6 +76,11 @@ asio::awaitable<result<bool>> EncryptingStore::expire_lease(const store::RecordI
 
 asio::awaitable<result<bool>> EncryptingStore::purge(const store::RecordId& id) { co_return co_await inner_.purge(id); }
 
+// Hashes and operation ids only: nothing to seal.
+asio::awaitable<result<store::PayloadSeen>> EncryptingStore::note_payload(const store::PayloadNote& note) {
+  co_return co_await inner_.note_payload(note);
+}
+
 asio::awaitable<result<std::size_t>> EncryptingStore::delete_expired(std::size_t batch) {
   co_return co_await inner_.delete_expired(batch);
 }

@@ -37,6 +37,7 @@ class EncryptingStore final : public store::Store {
   asio::awaitable<result<bool>> renew(const store::RecordId& id, std::int64_t fence, Millis lease) override;
   asio::awaitable<result<bool>> expire_lease(const store::RecordId& id, std::int64_t fence) override;
   asio::awaitable<result<bool>> purge(const store::RecordId& id) override;
+  asio::awaitable<result<store::PayloadSeen>> note_payload(const store::PayloadNote& note) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
   asio::awaitable<result<bool>> register_operation(const store::RecordId& id,

@@ -42,6 +42,9 @@ struct Gateway::Exchange {
   store::ClaimRequest claim;  // the record's id and what a claim of it writes
   std::string waiter_key;
   std::string operation_id;  // computed once, when first needed
+  // same_payload_new_key: what the note found (detected: a recent request of this payload
+  // had another key), for the warning header and the refusal.
+  store::PayloadSeen same_payload;
 
   // The protocol's driver (run_protocol): the row last handed to the protocol (its
   // events view these strings), the upstream's answer and what of it is recorded, the

@@ -20,6 +20,7 @@
 #include "idempotency/decision.hpp"
 #include "idempotency/backend_completion.hpp"
 #include "idempotency/key.hpp"
+#include "common/json_text.hpp"
 #include "common/time_text.hpp"
 #include "observability/logging.hpp"
 
@@ -535,6 +536,26 @@ server::Response mismatch(Gateway::Exchange& x) {
                  "operation");
 }
 
+// same_payload_new_key: reject. The earlier key's operation is named by its id (never its
+// key): the client's retry should have used that key, and GET of an async route's status
+// path, or the admin API, finds its record by it.
+server::Response payload_reused(Gateway::Exchange& x) {
+  x.outcome = Outcome::rejected;
+  x.code = "same_payload_new_key";
+  const auto& seen = x.same_payload;
+  auto res = problem(x, http::status::conflict, x.code, "Same payload, new key",
+                     "a request with this payload came " + std::to_string(seen.age.count() / 1000) +
+                         " s ago with another idempotency key; to retry that operation, send its "
+                         "key again; nothing was forwarded");
+  std::string& body = res.body();
+  body.pop_back();  // the problem's closing brace: one member more
+  body += ",\"earlier_operation_id\":";
+  text::append_json_string(body, seen.earlier_operation_id);
+  body += '}';
+  res.prepare_payload();
+  return res;
+}
+
 server::Response forbidden(Gateway::Exchange& x) {
   x.outcome = Outcome::rejected;
   x.code = "idempotency_key_forbidden";
@@ -800,6 +821,9 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
   idempotency::ProtocolOptions options{x.fingerprint, x.principal, x.check_principal, rs.wait};
   options.refetch = rs.replay_mode == settings::ReplayMode::refetch;
   options.reconcile = rs.on_unknown_outcome == settings::UnknownOutcome::reconcile;
+  options.note_payload = rs.same_payload_new_key.has_value();
+  options.reject_same_payload =
+      rs.same_payload_new_key && rs.same_payload_new_key->action == settings::SamePayloadAction::reject;
   idempotency::Protocol protocol(options);
   std::optional<OwnerCount> owning;
   idempotency::Event event = idempotency::Begin{};
@@ -828,6 +852,7 @@ asio::awaitable<server::Response> Gateway::run_protocol(Exchange& x) {
       case Step::expire_lease: event = co_await expire_lease(x, a.fence); break;
       case Step::complete: event = co_await complete(x, a.fence); break;
       case Step::refetch: event = co_await refetch(x); break;
+      case Step::note_payload: event = co_await note_payload(x); break;
       case Step::reconcile:
         if (!owning) owning.emplace(owners_in_flight_);
         event = co_await reconcile(x, a.owner);
@@ -1013,6 +1038,39 @@ asio::awaitable<idempotency::Event> Gateway::complete(Exchange& x, std::int64_t 
   co_return idempotency::Completed{completed->outcome};
 }
 
+// same_payload_new_key: the payload of this new attempt, noted under its tenant, endpoint
+// and principal. A detection is counted and logged with both keys' hashes (never a key);
+// warn and reject act on it in the answer.
+asio::awaitable<idempotency::Event> Gateway::note_payload(Exchange& x) {
+  const auto& rs = *x.route->settings;
+  const auto& sp = *rs.same_payload_new_key;
+  if (x.operation_id.empty()) x.operation_id = idempotency::operation_id(x.tenant, x.claim.id.endpoint, x.key);
+  store::PayloadNote note;
+  note.tenant = x.tenant;
+  note.endpoint = x.claim.id.endpoint;
+  note.principal = x.principal;
+  note.fingerprint = x.fingerprint;
+  note.operation_id = x.operation_id;
+  note.key_hash = x.key_hash;
+  note.window = sp.window;
+  note.keep_earlier = sp.action == settings::SamePayloadAction::reject;
+  auto seen = co_await timed(*deps_.metrics, x, StoreOp::note_payload, deps_.store->note_payload(note));
+  if (!seen) co_return idempotency::StoreFailed{};
+  if (seen->detected) {
+    deps_.metrics->same_payload_new_key(rs.name);
+    spdlog::warn("same payload as a request with another key {} ms earlier (route {}, key_hash {}, "
+                 "earlier key_hash {}, earlier operation {}): a client that makes a new key per "
+                 "retry; action {}",
+                 seen->age.count(), rs.name, x.key_hash, seen->earlier_key_hash,
+                 seen->earlier_operation_id.substr(0, 12),
+                 sp.action == settings::SamePayloadAction::reject ? "reject"
+                 : sp.action == settings::SamePayloadAction::warn ? "warn"
+                                                                  : "count");
+    x.same_payload = std::move(*seen);
+  }
+  co_return idempotency::PayloadNoted{x.same_payload.detected};
+}
+
 // ---- The answer ----------------------------------------------------------------------------
 
 // Why: one switch over the protocol's answers keeps each answer's status, code and outcome
@@ -1106,11 +1164,19 @@ server::Response Gateway::answer(Exchange& x, const idempotency::Action& a) {
                        "retry with the same key after the indicated delay",
                        rs.retry_after);
       break;
+    case Answer::payload_reused: res = payload_reused(x); break;
     case Answer::store_unavailable:
     case Answer::none:
       res = store_unavailable(x, x.store_error ? x.store_error
                                                : make_error_code(errc::store_protocol));
       break;
+  }
+  // warn: said on whatever this attempt answers (never recorded: a replay of this key
+  // later is not the moment of the mistake).
+  if (x.same_payload.detected && rs.same_payload_new_key &&
+      rs.same_payload_new_key->action == settings::SamePayloadAction::warn) {
+    res.set(std::string(kWarningHeader),
+            "same_payload_new_key; earlier_operation_id=\"" + x.same_payload.earlier_operation_id + "\"");
   }
   if (a.fenced != idempotency::Fenced::no) note_fenced(x, a);
   // The key's lifetime as the record holds it (docs/http.md, "Key expiry"): set only from

@@ -70,6 +70,7 @@ class Gateway {
   asio::awaitable<idempotency::Event> release(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> expire_lease(Exchange& x, std::int64_t fence);
   asio::awaitable<idempotency::Event> complete(Exchange& x, std::int64_t fence);
+  asio::awaitable<idempotency::Event> note_payload(Exchange& x);
   // Long operations (gateway/long_operations.cpp).
   asio::awaitable<idempotency::Event> refetch(Exchange& x);
   asio::awaitable<idempotency::Event> reconcile(Exchange& x, store::Ownership owner);

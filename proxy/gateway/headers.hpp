@@ -47,8 +47,10 @@ inline constexpr std::string_view kKeyExpiresHeader = "Idempotency-Key-Expires";
 // The trace of the request whose answer this is: this request's own, or for a replay the
 // original's, as recorded (docs/http.md, "Trace context").
 inline constexpr std::string_view kTraceIdHeader = "X-Idempotency-Trace-Id";
-inline constexpr std::array<std::string_view, 4> kReplayMarkers = {
-    kReplayedHeader, kReplayBodyHeader, kKeyExpiresHeader, kTraceIdHeader};
+// same_payload_new_key: warn — this request's payload came with another key a moment ago.
+inline constexpr std::string_view kWarningHeader = "Idempotency-Warning";
+inline constexpr std::array<std::string_view, 5> kReplayMarkers = {
+    kReplayedHeader, kReplayBodyHeader, kKeyExpiresHeader, kTraceIdHeader, kWarningHeader};
 
 // The trusted headers an owner's request carries to the backend: operation id, attempt,
 // fencing token, the record's lifetime, and the record reference when there is one (an

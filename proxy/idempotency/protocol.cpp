@@ -20,7 +20,7 @@ Action Protocol::on(const Begin&, SteadyClock::time_point) {
 
 Action Protocol::on(const Claimed& e, SteadyClock::time_point now) {
   if (phase_ != Phase::claiming) return unexpected();
-  if (e.owner) return own(*e.owner);
+  if (e.owner) return acquired(*e.owner, false);
   // Lost: from here on this request answers from the record, within `wait` of its first
   // loss (a later claim_again round keeps that deadline).
   if (!settling_) {
@@ -40,17 +40,31 @@ Action Protocol::on(const RowRead& e, SteadyClock::time_point now) {
 
 Action Protocol::on(const Acquired& e, SteadyClock::time_point) {
   if (phase_ != Phase::acquiring) return unexpected();
-  // A takeover's predecessor ended with its outcome unknown (a timeout, a crash mid-call):
-  // the backend may be asked first whether the operation happened.
-  if (e.owner && taking_over_ && options_.reconcile) {
-    owner_ = *e.owner;
+  if (e.owner) return acquired(*e.owner, taking_over_);
+  // Someone else took it over or replaced it first: look again.
+  return step(Phase::reading, Step::read);
+}
+
+// This request owns the record now (a won claim, a replacement, a takeover). On
+// same_payload_new_key routes every attempt notes its payload before it forwards, so that
+// under reject a detection comes before anything reaches the backend; a takeover notes too,
+// so that a rejected claim whose release failed cannot be taken over into a forward.
+Action Protocol::acquired(const store::Ownership& owner, bool takeover) {
+  owner_ = owner;
+  noted_takeover_ = takeover;
+  if (options_.note_payload) return step(Phase::noting, Step::note_payload);
+  return proceed_as_owner();
+}
+
+// A takeover's predecessor ended with its outcome unknown (a timeout, a crash mid-call):
+// the backend may be asked first whether the operation happened.
+Action Protocol::proceed_as_owner() {
+  if (noted_takeover_ && options_.reconcile) {
     Action a = step(Phase::reconciling, Step::reconcile);
     a.owner = owner_;
     return a;
   }
-  if (e.owner) return own(*e.owner);
-  // Someone else took it over or replaced it first: look again.
-  return step(Phase::reading, Step::read);
+  return own(owner_);
 }
 
 // Registered now: an owner in this process that finishes from here on wakes us. The row
@@ -100,9 +114,13 @@ Action Protocol::on(const Written& e, SteadyClock::time_point now) {
   if (phase_ == Phase::releasing) {
     if (e.written) return finish(pending_);
     fenced_ = Fenced::release;
-    // "Not sent" stays the truth about this request, fenced or not. An answer the backend
-    // gave to a superseded attempt is not the key's: answer from the record instead.
-    if (pending_ == Answer::not_sent) return finish(Answer::not_sent);
+    // "Not sent" stays the truth about this request, fenced or not (so do the refusals
+    // that come before any forward). An answer the backend gave to a superseded attempt is
+    // not the key's: answer from the record instead.
+    if (pending_ == Answer::not_sent || pending_ == Answer::payload_reused ||
+        pending_ == Answer::store_unavailable) {
+      return finish(pending_);
+    }
     return settle_fenced(Fenced::release, now);
   }
   if (phase_ == Phase::expiring) {
@@ -145,8 +163,27 @@ Action Protocol::on(const Reconciled& e, SteadyClock::time_point) {
   return step(Phase::expiring, Step::expire_lease, owner_.fence);
 }
 
+// Detected under reject: the claim goes (nothing was forwarded, so the key stays free for
+// the client's retry with the earlier key, or after the window) and the answer says why.
+// Otherwise the request goes on as the owner; counting and warning are the driver's.
+Action Protocol::on(const PayloadNoted& e, SteadyClock::time_point) {
+  if (phase_ != Phase::noting) return unexpected();
+  if (e.detected && options_.reject_same_payload) {
+    pending_ = Answer::payload_reused;
+    return step(Phase::releasing, Step::release, owner_.fence);
+  }
+  return proceed_as_owner();
+}
+
 Action Protocol::on(const StoreFailed&, SteadyClock::time_point) {
   switch (phase_) {
+    case Phase::noting:
+      // The claim holds; only the note failed. Counting and warning are no reason to stop
+      // an order. Refusing is, and it cannot be decided without the note: fail closed,
+      // release the claim and answer 503, as for any store failure before a forward.
+      if (!options_.reject_same_payload) return proceed_as_owner();
+      pending_ = Answer::store_unavailable;
+      return step(Phase::releasing, Step::release, owner_.fence);
     case Phase::checking:
       // The backend says it recorded an answer; which one is not known: no answer goes out
       // that a retry might not replay.
@@ -298,6 +335,7 @@ std::string_view to_string(Step s) {
     case Step::complete: return "complete";
     case Step::refetch: return "refetch";
     case Step::reconcile: return "reconcile";
+    case Step::note_payload: return "note_payload";
     case Step::answer: return "answer";
   }
   return "unknown";
@@ -323,6 +361,7 @@ std::string_view to_string(Answer a) {
     case Answer::refetch_refused: return "refetch_refused";
     case Answer::refetch_failed: return "refetch_failed";
     case Answer::reconcile_failed: return "reconcile_failed";
+    case Answer::payload_reused: return "payload_reused";
   }
   return "unknown";
 }

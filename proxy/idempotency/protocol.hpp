@@ -6,7 +6,8 @@
 // until the action is an answer. No I/O, no clock, no Asio: every path is testable as a
 // sequence of steps (tests/idempotency/protocol_test.cpp).
 //
-//   claim ──won──▶ forward ──answered, storable──▶ complete ──recorded──▶ answer (upstream's)
+//   claim ──won──▶ [note payload] ──▶ forward ──answered, storable──▶ complete ──▶ answer
+//     │  (same_payload_new_key routes: a detection under reject releases, answers 409)
 //     │               │ └─answered, transient / not sent──▶ release ──▶ answer
 //     │               └─unknown outcome──▶ expire lease ──▶ answer (504/502)
 //     lost                                   fenced (completion, release)
@@ -97,9 +98,15 @@ struct Reconciled {
   ReconcileResult result = ReconcileResult::failed;
 };
 
+// note_payload: whether a recent request of the same payload had another key (routes
+// with same_payload_new_key).
+struct PayloadNoted {
+  bool detected = false;
+};
+
 using Event =
     std::variant<Begin, Claimed, RowRead, Acquired, Watching, Waited, Forwarded, Written,
-                 Completed, StoreFailed, Refetched, Reconciled>;
+                 Completed, StoreFailed, Refetched, Reconciled, PayloadNoted>;
 
 // ---- Actions -----------------------------------------------------------------------------
 
@@ -116,6 +123,7 @@ enum class Step {
   complete,      // store.complete(record, fence, the upstream's answer as recorded)
   refetch,       // GET the resource of the row last read, as the retrying client
   reconcile,     // ask the backend about the operation, as `owner` (before any forward)
+  note_payload,  // store.note_payload(this claim's payload), right after a won claim
   answer,        // done: answer the client with `answer`
 };
 
@@ -140,6 +148,8 @@ enum class Answer {
   refetch_failed,     // 502: the re-fetch failed; nothing of the record goes out
   reconcile_failed,   // 503: whether the operation happened is not known; nothing was
                       // forwarded and the next retry asks again
+  payload_reused,     // 409: same_payload_new_key: reject — a recent request of this payload
+                      // had another key; this claim was released, nothing was forwarded
 };
 
 // Which write of this request's own claim was refused because another claim owns the key.
@@ -162,6 +172,10 @@ struct ProtocolOptions {
   Millis wait{5000};       // how long a duplicate (or a fenced owner) waits for the owner
   bool refetch = false;    // replay.mode: refetch — a replay re-fetches the record's resource
   bool reconcile = false;  // on_unknown_outcome: reconcile — a takeover asks first
+  // same_payload_new_key: a won claim (a new key) notes its payload before it forwards;
+  // with reject_same_payload a detection releases the claim and answers payload_reused.
+  bool note_payload = false;
+  bool reject_same_payload = false;
   Millis first_poll{20};   // the first re-read of a running record; doubled per round
   Millis max_poll{500};
   // A request never needs more than a handful of rounds; the bound only stops a
@@ -182,7 +196,7 @@ class Protocol {
  private:
   enum class Phase {
     start, claiming, reading, acquiring, watching, waiting, forwarding, checking, releasing,
-    expiring, completing, refetching, reconciling, done
+    expiring, completing, refetching, reconciling, noting, done
   };
   enum class Role { duplicate, fenced_owner };
 
@@ -198,11 +212,14 @@ class Protocol {
   Action on(const StoreFailed&, SteadyClock::time_point now);
   Action on(const Refetched& e, SteadyClock::time_point now);
   Action on(const Reconciled& e, SteadyClock::time_point now);
+  Action on(const PayloadNoted& e, SteadyClock::time_point now);
 
   Action decide_on(const std::optional<RowView>& row, SteadyClock::time_point now);
   Action check_backend_record(const std::optional<RowView>& row);
   Action record_or_release(bool storable);
   Action own(const store::Ownership& owner);
+  Action acquired(const store::Ownership& owner, bool takeover);
+  Action proceed_as_owner();
   Action settle_fenced(Fenced what, SteadyClock::time_point now);
   Action step(Phase next, Step what, std::int64_t fence = 0);
   Action finish(Answer answer);
@@ -221,6 +238,7 @@ class Protocol {
   Answer pending_ = Answer::none;  // the answer a release or lease expiry leads to
   bool storable_ = false;          // while checking a backend's record: the route's choice
   bool taking_over_ = false;       // the acquire in flight is a takeover (not a replacement)
+  bool noted_takeover_ = false;    // this request owns the record by a takeover
   Fenced fenced_ = Fenced::no;
 };
 

@@ -51,6 +51,7 @@ std::string_view to_string(StoreOp op) noexcept {
     case StoreOp::cleanup: return "cleanup";
     case StoreOp::register_operation: return "register_operation";
     case StoreOp::find_operation: return "find_operation";
+    case StoreOp::note_payload: return "note_payload";
   }
   return "unknown";
 }
@@ -226,6 +227,8 @@ class Family {
     "Backend directives that released or recorded one answer against the route's store lists.") \
   X(refetches,          Counter,         "idemproxy_refetches_total",            "result",       \
     "Replays that re-fetched their resource (replay.mode: refetch), by result.")                 \
+  X(same_payload,       Counter,         "idemproxy_same_payload_new_key_total", "route",        \
+    "New keys whose request carried the payload of a recent request of another key (same_payload_new_key).") \
   X(reconciliations,    Counter,         "idemproxy_reconciliations_total",      "result",       \
     "Takeovers that asked the backend whether the operation happened, by its answer.")          \
   X(async_operations,   Counter,         "idemproxy_async_operations_total",     "outcome",      \
@@ -494,6 +497,7 @@ void Metrics::backend_completion(std::string_view result) {
 }
 void Metrics::directive(std::string_view directive) { impl_->directives.get(directive).add(1); }
 void Metrics::refetch(std::string_view result) { impl_->refetches.get(result).add(1); }
+void Metrics::same_payload_new_key(std::string_view route) { impl_->same_payload.get(route).add(1); }
 void Metrics::reconciliation(std::string_view result) {
   impl_->reconciliations.get(result).add(1);
 }
@@ -548,6 +552,11 @@ std::uint64_t Metrics::directives(std::string_view directive) const {
 }
 std::uint64_t Metrics::async_operations(Outcome outcome) const {
   const auto* c = impl_->async_operations.find(to_string(outcome));
+  return c != nullptr ? c->get() : 0;
+}
+
+std::uint64_t Metrics::same_payload_new_keys(std::string_view route) const {
+  const auto* c = impl_->same_payload.find(route);
   return c != nullptr ? c->get() : 0;
 }
 

@@ -32,9 +32,9 @@ std::string_view to_string(Outcome o) noexcept;
 // idemproxy_store_duration_seconds{op}
 enum class StoreOp {
   claim, read, take_over, replace, complete, release, renew, expire_lease, purge, cleanup,
-  register_operation, find_operation
+  register_operation, find_operation, note_payload
 };
-constexpr int kStoreOpCount = 12;
+constexpr int kStoreOpCount = 13;
 std::string_view to_string(StoreOp op) noexcept;
 
 // The idemproxy_store_errors_total{kind} label for a failed store call: "unavailable",
@@ -72,6 +72,9 @@ class Metrics {
   void refetch(std::string_view result);
   // on_unknown_outcome: reconcile — the backend's lookup: "found", "not_found" or "failed".
   void reconciliation(std::string_view result);
+  // same_payload_new_key routes: a new key whose request carried the payload of a recent
+  // one of another key (idemproxy_same_payload_new_key_total{route}).
+  void same_payload_new_key(std::string_view route);
   // async routes: an operation that finished after its client got 202, by its outcome.
   void async_operation(Outcome outcome);
   void lease_renewal();
@@ -98,6 +101,7 @@ class Metrics {
   std::uint64_t backend_completions(std::string_view result) const;
   std::uint64_t directives(std::string_view directive) const;
   std::uint64_t refetches(std::string_view result) const;
+  std::uint64_t same_payload_new_keys(std::string_view route) const;
   std::uint64_t async_operations(Outcome outcome) const;
   std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;

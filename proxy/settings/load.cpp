@@ -861,7 +861,7 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
   Map m(L, it, {"name", "method", "path", "scope", "key", "fingerprint", "retention", "lease",
                 "wait", "retry_after", "mismatch_status", "store", "replay_headers",
                 "max_stored_body", "completion", "async", "replay", "on_unknown_outcome",
-                "reconcile"});
+                "reconcile", "same_payload_new_key"});
   const auto name = m.required("name");
   r.name = L.text(name);
   if (!is_route_name(r.name)) {
@@ -930,6 +930,22 @@ RouteSettings parse_route(const Loader& L, const Item& it, const TenantSettings&
     lines.completion = v->line;
   }
   parse_long_operations(L, m, r);
+  if (auto v = m.get("same_payload_new_key")) {
+    Map p(L, *v, {"window", "action"});
+    SamePayloadSettings sp;
+    // Shorter than a second is no client's retry interval; longer than a day is a second
+    // order of the same thing rather than a retry.
+    if (auto w = p.get("window")) {
+      sp.window = L.duration(*w, Millis(1000));
+      if (sp.window > Millis(24LL * 3600 * 1000)) L.fail(*w, "must be at most 1d");
+    }
+    if (auto a = p.get("action")) {
+      sp.action = L.choice<SamePayloadAction>(*a, {{"count", SamePayloadAction::count},
+                                                   {"warn", SamePayloadAction::warn},
+                                                   {"reject", SamePayloadAction::reject}});
+    }
+    r.same_payload_new_key = sp;
+  }
   if (auto v = m.get("async")) lines.async_after = v->line;
   check_route(L, it, tenant, lines, r);
   return r;

@@ -518,6 +518,16 @@ void render_route(YamlOut& y, const RouteSettings& r) {
     y.line(6, "method", r.reconcile.method);
     y.line(6, "path", yaml_quote(r.reconcile.path));
   }
+  if (r.same_payload_new_key) {
+    const auto& sp = *r.same_payload_new_key;
+    y.section(4, "same_payload_new_key");
+    y.line(6, "window", format_duration(sp.window));
+    y.line(6, "action", sp.action == SamePayloadAction::reject ? "reject"
+                        : sp.action == SamePayloadAction::warn ? "warn"
+                                                               : "count");
+  } else {
+    y.text += "    # same_payload_new_key: not set, a new key for a recent payload is not looked for\n";
+  }
 }
 
 }  // namespace

@@ -231,6 +231,17 @@ struct ReconcileSettings {
   std::string method = "GET";
   std::string path;
 };
+// A client that makes a new key for every retry defeats idempotency: each retry is a new
+// operation. same_payload_new_key notices a new key whose request carries the fingerprint
+// of a recent one of the same tenant, endpoint (and principal, where principals are
+// checked): count it (metric and log), warn (also a header on the answer), or reject it
+// (409 naming the earlier key's operation).
+enum class SamePayloadAction { count, warn, reject };
+struct SamePayloadSettings {
+  Millis window{10 * 60 * 1000};
+  SamePayloadAction action = SamePayloadAction::count;
+};
+
 struct RouteSettings {
   std::string name;
   std::string method;   // upper-case token
@@ -255,6 +266,7 @@ struct RouteSettings {
   std::vector<std::string> refetch_hosts;
   UnknownOutcome on_unknown_outcome = UnknownOutcome::retake;
   ReconcileSettings reconcile;  // with on_unknown_outcome: reconcile
+  std::optional<SamePayloadSettings> same_payload_new_key;  // absent: not looked for
   // Line of the route's fingerprint section (or of the route) in the file, so errors found
   // when the route is compiled still name a line. 0 when not loaded from a file.
   int source_line = 0;

@@ -228,10 +228,46 @@ asio::awaitable<result<bool>> MemoryStore::purge(const RecordId& id) {
   co_return rows_.erase(Key{id.tenant, id.endpoint, id.key}) == 1;
 }
 
+// The upsert of kNotePayloadSql, under the store's one lock.
+asio::awaitable<result<PayloadSeen>> MemoryStore::note_payload(const PayloadNote& note) {
+  std::lock_guard lock(mutex_);
+  if (unavailable_) co_return unavailable<PayloadSeen>();
+  const auto now = now_();
+  const Note fresh{note.operation_id, note.key_hash, now,
+                   now + std::chrono::duration_cast<Clock::duration>(note.window)};
+  auto [it, inserted] = notes_.try_emplace({note.tenant, note.endpoint, note.principal, note.fingerprint}, fresh);
+  PayloadSeen seen;
+  if (inserted) co_return seen;
+  Note& row = it->second;
+  const bool live = row.expires_at > now;
+  seen.detected = live && row.operation_id != note.operation_id;
+  if (seen.detected) {
+    seen.earlier_operation_id = row.operation_id;
+    seen.earlier_key_hash = row.key_hash;
+    seen.age = std::chrono::floor<Millis>(now - row.seen_at);
+  }
+  if (!(note.keep_earlier && seen.detected)) row = fresh;
+  co_return seen;
+}
+
+std::size_t MemoryStore::payload_notes() const {
+  std::lock_guard lock(mutex_);
+  return notes_.size();
+}
+
 asio::awaitable<result<std::size_t>> MemoryStore::delete_expired(std::size_t batch) {
   std::lock_guard lock(mutex_);
   if (unavailable_) co_return unavailable<std::size_t>();
   const auto now = now_();
+  std::size_t notes_deleted = 0;
+  for (auto it = notes_.begin(); it != notes_.end() && notes_deleted < batch;) {
+    if (it->second.expires_at <= now) {
+      it = notes_.erase(it);
+      ++notes_deleted;
+    } else {
+      ++it;
+    }
+  }
   std::size_t deleted = 0;
   for (auto it = rows_.begin(); it != rows_.end() && deleted < batch;) {
     const Row& row = *it->second;

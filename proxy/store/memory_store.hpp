@@ -41,8 +41,10 @@ class MemoryStore final : public Store {
                                       Millis lease) override;
   asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t fence) override;
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
+  asio::awaitable<result<PayloadSeen>> note_payload(const PayloadNote& note) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
+  std::size_t payload_notes() const;  // tests: notes held, expired ones included
   asio::awaitable<result<bool>> register_operation(const RecordId& id,
                                                    std::string_view operation_id) override;
   asio::awaitable<result<std::optional<OperationRecord>>> find_operation(
@@ -58,6 +60,14 @@ class MemoryStore final : public Store {
   mutable std::mutex mutex_;
   Rows rows_;
   std::map<std::pair<std::string, std::string>, Key> operations_;  // (tenant, operation id)
+  struct Note {
+    std::string operation_id;
+    std::string key_hash;
+    Clock::time_point seen_at;
+    Clock::time_point expires_at;
+  };
+  // (tenant, endpoint, principal, fingerprint): the idempotency_same_payload table.
+  std::map<std::tuple<std::string, std::string, std::string, std::string>, Note> notes_;
   // The counterpart of the idempotency_fencing_tokens sequence: one counter for every key,
   // never reset, so a token is never handed out twice.
   std::int64_t last_fence_ = 0;

@@ -39,6 +39,7 @@ constexpr const char* kDeleteExpired = "idem_delete_expired";
 constexpr const char* kOldestInProgress = "idem_oldest_in_progress";
 constexpr const char* kRegisterOperation = "idem_register_operation";
 constexpr const char* kFindOperation = "idem_find_operation";
+constexpr const char* kNotePayload = "idem_note_payload";
 constexpr const char* kClaimBatch = "idem_claim_batch";
 constexpr const char* kReadBatch = "idem_read_batch";
 constexpr const char* kCompleteBatch = "idem_complete_batch";
@@ -239,8 +240,14 @@ WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3)sql";
 // form, `ctid = ANY(ARRAY(…)) AND (tableoid, ctid) IN (…)`, relied on a hash join for the
 // pair: without one it compared every deleted row with every locked one, 159 ms for a
 // batch of 1 000 instead of 10.)
+// Expired payload notes (migration 0007) go in the same round, as many as records at most;
+// the statement's row count is the records'.
 constexpr const char* kDeleteExpiredSql = R"sql(
-WITH doomed AS MATERIALIZED (
+WITH notes AS (
+  DELETE FROM idempotency_same_payload
+  WHERE ctid IN (SELECT ctid FROM idempotency_same_payload WHERE expires_at <= now()
+                 LIMIT $1::bigint FOR UPDATE SKIP LOCKED)),
+doomed AS MATERIALIZED (
   SELECT tableoid AS rel, ctid AS tid FROM idempotency_requests
   WHERE expires_at <= now()
     AND (state = 'completed' OR lease_expires_at <= now())
@@ -249,6 +256,35 @@ WITH doomed AS MATERIALIZED (
 DELETE FROM idempotency_requests AS r
 USING doomed AS d
 WHERE r.ctid = d.tid AND r.tableoid = d.rel)sql";
+
+// same_payload_new_key (migration 0007): note this new claim's key for its payload, and
+// learn in the same statement what the note held before. ON CONFLICT DO UPDATE runs under
+// the row's lock and its SET reads the row as it is then (s.*: the committed note of a
+// concurrent new key included), so of two concurrent new keys the second always sees the
+// first. A note within its window (expires_at > now()) under another operation id is a
+// detection; under reject ($8) that earlier note is kept, so every further new key is
+// measured against it too. The same key claimed again (its operation id) only refreshes
+// the note. Parameters: tenant, endpoint, principal, fingerprint, operation id, key hash,
+// window (ms), keep-earlier.
+constexpr const char* kNotePayloadSql = R"sql(
+INSERT INTO idempotency_same_payload AS s
+  (tenant_id, endpoint, principal, fingerprint, operation_id, key_hash, seen_at, expires_at)
+VALUES ($1, $2, $3, $4, $5, $6, now(), now() + $7::bigint * interval '1 millisecond')
+ON CONFLICT (tenant_id, endpoint, principal, fingerprint) DO UPDATE SET
+  previous_operation_id = CASE WHEN s.expires_at > now() THEN s.operation_id END,
+  previous_key_hash = CASE WHEN s.expires_at > now() THEN s.key_hash END,
+  previous_seen_at = CASE WHEN s.expires_at > now() THEN s.seen_at END,
+  operation_id = CASE WHEN $8::boolean AND s.expires_at > now() AND s.operation_id <> EXCLUDED.operation_id
+                      THEN s.operation_id ELSE EXCLUDED.operation_id END,
+  key_hash = CASE WHEN $8::boolean AND s.expires_at > now() AND s.operation_id <> EXCLUDED.operation_id
+                  THEN s.key_hash ELSE EXCLUDED.key_hash END,
+  seen_at = CASE WHEN $8::boolean AND s.expires_at > now() AND s.operation_id <> EXCLUDED.operation_id
+                 THEN s.seen_at ELSE EXCLUDED.seen_at END,
+  expires_at = CASE WHEN $8::boolean AND s.expires_at > now() AND s.operation_id <> EXCLUDED.operation_id
+                    THEN s.expires_at ELSE EXCLUDED.expires_at END
+RETURNING previous_operation_id IS NOT NULL AND previous_operation_id <> $5 AS detected,
+          previous_operation_id, previous_key_hash,
+          floor(extract(epoch FROM now() - previous_seen_at) * 1000)::bigint)sql";
 
 // Matches the partial index on (created_at) WHERE state = 'in_progress'.
 constexpr const char* kOldestInProgressSql = R"sql(
@@ -531,6 +567,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kOldestInProgress, kOldestInProgressSql},
       {kRegisterOperation, kRegisterOperationSql},
       {kFindOperation, kFindOperationSql},
+      {kNotePayload, kNotePayloadSql},
       {kClaimBatch, kClaimBatchSql},
       {kReadBatch, kReadBatchSql},
       {kCompleteBatch, kCompleteBatchSql},
@@ -1306,6 +1343,30 @@ asio::awaitable<result<bool>> PgStore::purge(const RecordId& id) {
   auto r = co_await core_->pool->execute(kPurge, std::move(params));
   if (!r) co_return failed<bool>(r.error());
   co_return r->affected_rows() == 1;
+}
+
+asio::awaitable<result<PayloadSeen>> PgStore::note_payload(const PayloadNote& note) {
+  const std::string window = millis(note.window);
+  std::vector<pg::Param> params{pg::Param::text(note.tenant),       pg::Param::text(note.endpoint),
+                                pg::Param::text(note.principal),    pg::Param::text(note.fingerprint),
+                                pg::Param::text(note.operation_id), pg::Param::text(note.key_hash),
+                                pg::Param::text(window),
+                                pg::Param::text(note.keep_earlier ? "true" : "false")};
+  auto r = co_await core_->pool->execute(kNotePayload, std::move(params));
+  if (!r) co_return failed<PayloadSeen>(r.error());
+  if (r->rows() != 1 || r->columns() != 4) co_return bad_row();
+  const auto detected = r->boolean(0, 0);
+  if (!detected) co_return bad_row();
+  PayloadSeen seen;
+  seen.detected = *detected;
+  if (seen.detected) {
+    const auto age = r->int64(0, 3);
+    if (!age) co_return bad_row();
+    seen.earlier_operation_id = std::string(r->value(0, 1));
+    seen.earlier_key_hash = std::string(r->value(0, 2));
+    seen.age = Millis{std::max<std::int64_t>(0, *age)};
+  }
+  co_return seen;
 }
 
 asio::awaitable<result<std::size_t>> PgStore::delete_expired(std::size_t batch) {

@@ -74,6 +74,7 @@ class PgStore final : public Store {
                                       Millis lease) override;
   asio::awaitable<result<bool>> expire_lease(const RecordId& id, std::int64_t fence) override;
   asio::awaitable<result<bool>> purge(const RecordId& id) override;
+  asio::awaitable<result<PayloadSeen>> note_payload(const PayloadNote& note) override;
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override;
   asio::awaitable<result<std::optional<Millis>>> oldest_in_progress_age() override;
   asio::awaitable<result<bool>> register_operation(const RecordId& id,

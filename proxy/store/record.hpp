@@ -92,6 +92,29 @@ struct OperationRecord {
   Record record;
 };
 
+// Routes with same_payload_new_key (Store::note_payload): this new claim's payload, noted
+// under (tenant, endpoint, principal, fingerprint).
+struct PayloadNote {
+  std::string tenant;
+  std::string endpoint;
+  std::string principal;     // the claim's principal hash ("" when principals are not checked)
+  std::string fingerprint;
+  std::string operation_id;  // this request's (idempotency::operation_id): never the key
+  std::string key_hash;      // this request's log hash, for the logs of a later detection
+  Millis window{0};          // how long the note counts
+  // action: reject — a detected note keeps the earlier key, so that every new key for the
+  // payload is refused for the window (the client is pointed at the one key to retry with).
+  bool keep_earlier = false;
+};
+
+// What the note found: a note of the same payload within its window, under another key.
+struct PayloadSeen {
+  bool detected = false;
+  std::string earlier_operation_id;
+  std::string earlier_key_hash;
+  Millis age{0};  // since the earlier key was noted
+};
+
 struct ClaimRequest {
   RecordId id;
   std::string fingerprint;

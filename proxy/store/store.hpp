@@ -67,8 +67,15 @@ class Store {
   // Admin: deletes the record whatever its state. false = there was none.
   virtual asio::awaitable<result<bool>> purge(const RecordId& id) = 0;
 
+  // Routes with same_payload_new_key, after a won claim: notes this key for the payload and
+  // answers whether a note of it within its window had another operation id, atomically
+  // (two concurrent new keys of one payload cannot both find none). The same operation id
+  // (the same key claimed again) is no detection. Expired notes go with delete_expired.
+  virtual asio::awaitable<result<PayloadSeen>> note_payload(const PayloadNote& note) = 0;
+
   // Retention: deletes at most `batch` rows with expires_at <= now that no live lease holds,
-  // skipping rows locked by a concurrent cleaner. Returns how many were deleted.
+  // skipping rows locked by a concurrent cleaner, and as many expired payload notes.
+  // Returns how many records were deleted.
   virtual asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) = 0;
 
   // Age of the oldest in_progress row (now - created_at); nullopt when there is none.

@@ -69,6 +69,9 @@ class HangingStore final : public store::Store {
     return hang<bool>();
   }
   asio::awaitable<result<bool>> purge(const store::RecordId&) override { return hang<bool>(); }
+  asio::awaitable<result<store::PayloadSeen>> note_payload(const store::PayloadNote&) override {
+    co_return store::PayloadSeen{};
+  }
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t) override {
     return hang<std::size_t>();
   }

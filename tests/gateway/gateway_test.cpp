@@ -165,6 +165,14 @@ class ProbeStore final : public store::Store {
     return inner_.expire_lease(id, fence);
   }
   asio::awaitable<result<bool>> purge(const store::RecordId& id) override { return inner_.purge(id); }
+  asio::awaitable<result<store::PayloadSeen>> note_payload(const store::PayloadNote& note) override {
+    ++notes;
+    if (fail_notes) return fail_note();
+    return inner_.note_payload(note);
+  }
+  static asio::awaitable<result<store::PayloadSeen>> fail_note() {
+    co_return make_error_code(errc::store_timeout);
+  }
   asio::awaitable<result<std::size_t>> delete_expired(std::size_t batch) override {
     return inner_.delete_expired(batch);
   }
@@ -188,6 +196,8 @@ class ProbeStore final : public store::Store {
   int reads = 0;             // separate read() calls
   int completes = 0;
   int finds = 0;
+  int notes = 0;            // note_payload calls
+  bool fail_notes = false;  // note_payload answers a store timeout
 
  private:
   store::Store& inner_;
@@ -1948,6 +1958,91 @@ TEST_CASE("raw body: the exact bytes with their media type; others refused befor
   CHECK(problem_code(other) == "unsupported_media_type");
   CHECK(f.upstream.calls.size() == 1);
   CHECK(f.store.size() == 1);
+}
+
+namespace {
+
+void same_payload(Fixture& f, settings::SamePayloadAction action) {
+  auto s = f.holder->load()->settings();
+  s.routes.front().same_payload_new_key = settings::SamePayloadSettings{Millis{600000}, action};
+  f.configure(s);
+}
+
+}  // namespace
+
+TEST_CASE("same payload, new key: counted and logged under count; the order still goes through") {
+  Fixture f;
+  same_payload(f, settings::SamePayloadAction::count);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  CHECK(f.metrics.same_payload_new_keys("create-order") == 0);
+  // The client's retry with a new key: the same order.
+  auto second = f.call(Fixture::order("k2", kBody));
+  CHECK(second.result_int() == 201);
+  CHECK(second["Idempotency-Warning"].empty());  // count says nothing to the client
+  CHECK(f.metrics.same_payload_new_keys("create-order") == 1);
+  // A retry of k2 itself is no new key; a genuinely different order is no reuse.
+  CHECK(f.call(Fixture::order("k2", kBody))["Idempotent-Replayed"] == "true");
+  CHECK(f.call(Fixture::order("k3", R"({"customer_id":"c1","amount":2000,"currency":"EUR"})")).result_int() == 201);
+  CHECK(f.metrics.same_payload_new_keys("create-order") == 1);
+  CHECK(f.upstream.calls.size() == 3);
+  CHECK(f.probe.notes == 3);  // one per new key; the replay noted nothing
+}
+
+TEST_CASE("same payload, new key: warn adds Idempotency-Warning naming the earlier operation") {
+  Fixture f;
+  same_payload(f, settings::SamePayloadAction::warn);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  auto second = f.call(Fixture::order("k2", kBody));
+  CHECK(second.result_int() == 201);
+  CHECK(second["Idempotency-Warning"] ==
+        "same_payload_new_key; earlier_operation_id=\"" + idempotency::operation_id("t1", "POST /orders", "k1") + "\"");
+  // Never recorded: k2's replay is not the moment of the mistake.
+  CHECK(f.call(Fixture::order("k2", kBody))["Idempotency-Warning"].empty());
+  CHECK(f.upstream.calls.size() == 2);
+  // A backend cannot make an answer carry it.
+  f.upstream.scripts.push_back([](const upstream::Request& req, int seq) -> asio::awaitable<upstream::Outcome> {
+    auto out = ScriptedUpstream::created(seq, req);
+    out.response.set("Idempotency-Warning", "forged");
+    co_return out;
+  });
+  CHECK(f.call(Fixture::order("k9", R"({"customer_id":"c9","amount":1,"currency":"EUR"})"))["Idempotency-Warning"].empty());
+}
+
+TEST_CASE("same payload, new key: reject answers 409 naming the earlier operation; nothing forwarded or kept") {
+  Fixture f;
+  same_payload(f, settings::SamePayloadAction::reject);
+  REQUIRE(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  for (const char* key : {"k2", "k3", "k2"}) {
+    INFO(key);
+    auto refused = f.call(Fixture::order(key, kBody));
+    CHECK(refused.result_int() == 409);
+    CHECK(problem_code(refused) == "same_payload_new_key");
+    CHECK(refused.body().find("\"earlier_operation_id\":\"" + idempotency::operation_id("t1", "POST /orders", "k1") +
+                              "\"") != std::string::npos);
+    CHECK_FALSE(f.row(key).has_value());  // the claim was released
+  }
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK(f.metrics.same_payload_new_keys("create-order") == 3);
+  CHECK(f.metrics.requests("create-order", obs::Outcome::rejected) == 3);
+  // The earlier key replays; another order is its own; another tenant's same order too.
+  CHECK(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
+  CHECK(f.call(Fixture::order("k4", R"({"customer_id":"c2","amount":1000,"currency":"EUR"})")).result_int() == 201);
+  CHECK(f.call(Fixture::order("k2", kBody, "t2")).result_int() == 201);
+  CHECK(f.upstream.calls.size() == 3);
+}
+
+TEST_CASE("same payload, new key: a failed note lets count forward, and makes reject fail closed") {
+  Fixture f;
+  same_payload(f, settings::SamePayloadAction::count);
+  f.probe.fail_notes = true;
+  CHECK(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  CHECK(f.upstream.calls.size() == 1);
+  same_payload(f, settings::SamePayloadAction::reject);
+  auto res = f.call(Fixture::order("k2", kBody));
+  CHECK(res.result_int() == 503);
+  CHECK(problem_code(res) == "idempotency_store_unavailable");
+  CHECK(f.upstream.calls.size() == 1);
+  CHECK_FALSE(f.row("k2").has_value());
 }
 
 // --- examine(): the gateway's admission without I/O (idemproxy explain) -------------------

@@ -593,3 +593,92 @@ TEST_CASE("reconcile: a fresh claim, and a replacement after retention, forward 
     CHECK(r(Acquired{Ownership{2, 30}}).step == Step::forward);
   }
 }
+
+// ---- same_payload_new_key ------------------------------------------------------------------
+
+namespace {
+
+ProtocolOptions noting(bool reject) {
+  ProtocolOptions o = test_options();
+  o.note_payload = true;
+  o.reject_same_payload = reject;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("same payload: a won claim notes its payload before it forwards; no detection, it forwards") {
+  for (const bool reject : {false, true}) {
+    INFO("reject " << reject);
+    Run r(noting(reject));
+    r(Begin{});
+    CHECK(r(won(1, 5)).step == Step::note_payload);
+    const auto fwd = r(PayloadNoted{false});
+    CHECK(fwd.step == Step::forward);
+    CHECK(fwd.owner == Ownership{1, 5});
+  }
+}
+
+TEST_CASE("same payload: detected, count and warn forward; reject releases and answers, forwarding nothing") {
+  Run counting(noting(false));
+  counting(Begin{});
+  REQUIRE(counting(won(1, 5)).step == Step::note_payload);
+  CHECK(counting(PayloadNoted{true}).step == Step::forward);
+
+  Run rejecting(noting(true));
+  rejecting(Begin{});
+  REQUIRE(rejecting(won(1, 5)).step == Step::note_payload);
+  const auto release = rejecting(PayloadNoted{true});
+  CHECK(release.step == Step::release);
+  CHECK(release.fence == 5);
+  SUBCASE("released") { check_answer(rejecting(Written{true}), Answer::payload_reused); }
+  // Fenced or not written, nothing was forwarded: the refusal stays the answer.
+  SUBCASE("fenced") { check_answer(rejecting(Written{false}), Answer::payload_reused, Fenced::release); }
+  SUBCASE("store failed") { check_answer(rejecting(StoreFailed{}), Answer::payload_reused); }
+}
+
+TEST_CASE("same payload: a failed note forwards under count, fails closed under reject") {
+  Run counting(noting(false));
+  counting(Begin{});
+  REQUIRE(counting(won(1, 5)).step == Step::note_payload);
+  CHECK(counting(StoreFailed{}).step == Step::forward);
+
+  Run rejecting(noting(true));
+  rejecting(Begin{});
+  REQUIRE(rejecting(won(1, 5)).step == Step::note_payload);
+  REQUIRE(rejecting(StoreFailed{}).step == Step::release);
+  check_answer(rejecting(Written{true}), Answer::store_unavailable);
+}
+
+TEST_CASE("same payload: duplicates never note; a takeover and a replacement do, and a takeover still reconciles") {
+  // A lost claim is a retry of a key seen before: replayed, or waiting, without a note.
+  Run dup(noting(true));
+  dup(Begin{});
+  check_answer(dup(lost_with(completed())), Answer::replay);
+
+  ProtocolOptions o = noting(true);
+  o.reconcile = true;
+  Run take(o);
+  take(Begin{});
+  REQUIRE(take(lost_with(running(0ms, 17))).step == Step::take_over);
+  REQUIRE(take(Acquired{Ownership{2, 18}}).step == Step::note_payload);
+  const auto ask = take(PayloadNoted{false});
+  CHECK(ask.step == Step::reconcile);
+  CHECK(ask.owner == Ownership{2, 18});
+
+  Run replace(noting(true));
+  replace(Begin{});
+  RowView old = completed(kOtherFp, 23);
+  old.expired = true;
+  REQUIRE(replace(lost_with(old)).step == Step::replace);
+  REQUIRE(replace(Acquired{Ownership{2, 30}}).step == Step::note_payload);
+  // A takeover into a payload another key holds is refused like the claim was.
+  REQUIRE(replace(PayloadNoted{true}).step == Step::release);
+  check_answer(replace(Written{true}), Answer::payload_reused);
+}
+
+TEST_CASE("same payload: off, nothing is noted") {
+  Run r;
+  r(Begin{});
+  CHECK(r(won(1, 5)).step == Step::forward);
+}

@@ -553,3 +553,20 @@ TEST_CASE("fingerprint.format: json (default), form with repeated_names, raw wit
   CHECK_CONFIG_ERROR(r + "    key: {from: body, pointer: \"meta[k]\"}\n", 9, "routes[0].key.pointer",
                      "a JSON body names its key member by JSON Pointer");
 }
+
+TEST_CASE("same_payload_new_key: absent (off), or a window and an action") {
+  const std::string r = kMinimal + "routes:\n  - name: r\n    method: POST\n    path: /o\n";  // line 9 next
+  CHECK_FALSE(load(r)->routes[0].same_payload_new_key.has_value());
+  const auto on = load(r + "    same_payload_new_key: {window: 2m, action: warn}\n");
+  REQUIRE(on->routes[0].same_payload_new_key.has_value());
+  CHECK(on->routes[0].same_payload_new_key->window == Millis{120000});
+  CHECK(on->routes[0].same_payload_new_key->action == SamePayloadAction::warn);
+  CHECK_CONFIG_ERROR(r + "    same_payload_new_key: {action: block}\n", 9,
+                     "routes[0].same_payload_new_key.action", "count | warn | reject");
+  CHECK_CONFIG_ERROR(r + "    same_payload_new_key: {window: 500ms}\n", 9,
+                     "routes[0].same_payload_new_key.window", "at least 1s");
+  CHECK_CONFIG_ERROR(r + "    same_payload_new_key: {window: 2d}\n", 9,
+                     "routes[0].same_payload_new_key.window", "at most 1d");
+  CHECK_CONFIG_ERROR(r + "    same_payload_new_key: {windw: 1m}\n", 9,
+                     "routes[0].same_payload_new_key.windw", "did you mean 'window'");
+}

@@ -113,6 +113,11 @@ void check_same(const Settings& a, const Settings& b) {
     CHECK(x.on_unknown_outcome == y.on_unknown_outcome);
     CHECK(x.reconcile.method == y.reconcile.method);
     CHECK(x.reconcile.path == y.reconcile.path);
+    REQUIRE(x.same_payload_new_key.has_value() == y.same_payload_new_key.has_value());
+    if (x.same_payload_new_key) {
+      CHECK(x.same_payload_new_key->window == y.same_payload_new_key->window);
+      CHECK(x.same_payload_new_key->action == y.same_payload_new_key->action);
+    }
   }
   CHECK(a.policy_path == b.policy_path);
 }
@@ -211,6 +216,11 @@ routes:
     method: PUT
     path: /v3/orders
     fingerprint: {format: raw, media_types: [application/x-protobuf, Application/Vnd.Acme+CBOR], headers: [X-Proto-Schema]}
+    same_payload_new_key: {window: 90s, action: reject}
+  - name: mobile-orders
+    method: POST
+    path: /m/orders
+    same_payload_new_key: {}
 )";
 
 }  // namespace
@@ -297,7 +307,12 @@ TEST_CASE("render_effective writes every key with defaults in readable units") {
 
 TEST_CASE("render_effective round-trips") {
   const auto first = load(kRich);
-  REQUIRE(first->routes.size() == 6);
+  REQUIRE(first->routes.size() == 7);
+  REQUIRE(first->routes[5].same_payload_new_key.has_value());
+  CHECK(first->routes[5].same_payload_new_key->window == Millis{90000});
+  CHECK(first->routes[6].same_payload_new_key->action == SamePayloadAction::count);
+  CHECK(first->routes[6].same_payload_new_key->window == Millis{600000});
+  CHECK_FALSE(first->routes[0].same_payload_new_key.has_value());
   CHECK(first->routes[4].fingerprint.format == BodyFormat::form);
   CHECK(first->routes[5].fingerprint.media_types ==
         std::vector<std::string>{"application/x-protobuf", "application/vnd.acme+cbor"});

@@ -727,6 +727,105 @@ TEST_CASE_TEMPLATE("operations: registered ids find their record, only in their 
   CHECK_FALSE(h.run(s.find_operation("tenant-a", op_a)).value().has_value());
 }
 
+namespace {
+
+store::PayloadNote note_of(std::string op, std::string fingerprint = "fp-1", bool keep_earlier = false,
+                           std::string tenant = "tenant-a", std::string principal = "") {
+  store::PayloadNote n;
+  n.tenant = std::move(tenant);
+  n.endpoint = "POST /orders";
+  n.principal = std::move(principal);
+  n.fingerprint = std::move(fingerprint);
+  n.key_hash = "hash-" + op;
+  n.operation_id = std::move(op);
+  n.window = 10min;
+  n.keep_earlier = keep_earlier;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE_TEMPLATE("note_payload: a new key for a recent payload is detected, naming the earlier key", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-1"))).value().detected);  // the first
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-1"))).value().detected);  // the same key again
+  h.advance(2min);
+  const auto seen = h.run(s.note_payload(note_of("op-2"))).value();       // a new key
+  CHECK(seen.detected);
+  CHECK(seen.earlier_operation_id == "op-1");
+  CHECK(seen.earlier_key_hash == "hash-op-1");
+  CHECK(seen.age >= 2min);
+  CHECK(seen.age < 3min);
+  // count and warn: the latest key is the one a further new key is measured against.
+  const auto third = h.run(s.note_payload(note_of("op-3"))).value();
+  CHECK(third.detected);
+  CHECK(third.earlier_operation_id == "op-2");
+  CHECK(third.age < 1min);
+  // Another fingerprint, tenant or principal is another payload.
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-4", "fp-2"))).value().detected);
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-5", "fp-1", false, "tenant-b"))).value().detected);
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-6", "fp-1", false, "tenant-a", "alice"))).value().detected);
+  CHECK(h.note_count() == 4);
+}
+
+TEST_CASE_TEMPLATE("note_payload: past its window a note counts for nothing, and cleanup removes it", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  REQUIRE_FALSE(h.run(s.note_payload(note_of("op-1"))).value().detected);
+  REQUIRE_FALSE(h.run(s.note_payload(note_of("op-x", "fp-2"))).value().detected);
+  h.advance(9min);
+  REQUIRE_FALSE(h.run(s.note_payload(note_of("op-y", "fp-3"))).value().detected);
+  CHECK(h.run(s.delete_expired(100)).value() == 0);
+  CHECK(h.note_count() == 3);  // none expired yet
+  h.advance(2min);  // fp-1 and fp-2 are 11 minutes old now, fp-3 two
+  const auto late = h.run(s.note_payload(note_of("op-2"))).value();
+  CHECK_FALSE(late.detected);
+  // op-2 renewed fp-1; fp-2 is expired and goes, fp-3 stays.
+  CHECK(h.run(s.delete_expired(100)).value() == 0);  // the count is of records
+  CHECK(h.note_count() == 2);
+  CHECK(h.run(s.note_payload(note_of("op-3"))).value().detected);  // fp-1's note, op-2's now
+}
+
+TEST_CASE_TEMPLATE("note_payload: keep_earlier (reject) keeps measuring every new key against the first", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  REQUIRE_FALSE(h.run(s.note_payload(note_of("op-1", "fp-1", true))).value().detected);
+  for (const char* op : {"op-2", "op-3", "op-2"}) {
+    INFO(op);
+    const auto seen = h.run(s.note_payload(note_of(op, "fp-1", true))).value();
+    CHECK(seen.detected);
+    CHECK(seen.earlier_operation_id == "op-1");
+  }
+  // The earlier key itself is still fine, and refreshes its note.
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-1", "fp-1", true))).value().detected);
+  // Past the window, a new key starts its own.
+  h.advance(11min);
+  CHECK_FALSE(h.run(s.note_payload(note_of("op-4", "fp-1", true))).value().detected);
+  CHECK(h.run(s.note_payload(note_of("op-5", "fp-1", true))).value().earlier_operation_id == "op-4");
+}
+
+TEST_CASE_TEMPLATE("note_payload: of concurrent new keys for one payload, all but one are detected", H,
+                   STORES) {
+  H h;
+  auto& s = h.store();
+  constexpr int n = 8;
+  // The notes outlive the calls: a coroutine keeps a reference to its argument.
+  std::vector<store::PayloadNote> notes;
+  for (int i = 0; i < n; ++i) notes.push_back(note_of("op-" + std::to_string(i)));
+  std::vector<std::future<result<store::PayloadSeen>>> calls;
+  for (const auto& note : notes) calls.push_back(asio::co_spawn(h.ctx(), s.note_payload(note), asio::use_future));
+  h.ctx().restart();
+  h.ctx().run();
+  int detected = 0;
+  for (auto& c : calls) detected += c.get().value().detected ? 1 : 0;
+  CHECK(detected == n - 1);
+  CHECK(h.note_count() == 1);
+}
+
 TEST_CASE("MemoryStore: set_unavailable fails every call with store_unavailable") {
   test::MemoryHarness h;
   auto& s = h.memory();

@@ -62,6 +62,7 @@ class MemoryHarness {
   void advance(Millis d) { *offset_ += std::chrono::duration_cast<std::chrono::microseconds>(d).count(); }
 
   std::size_t row_count() { return store_.size(); }
+  std::size_t note_count() { return store_.payload_notes(); }
 
   std::string snapshot(const store::RecordId& id) {
     auto r = run(store_.read(id));
@@ -152,6 +153,7 @@ class PgHarness {
         store_(pool_, store::PgStore::ClaimRead::adaptive, batching) {
     // Each case starts from an empty table: cleanup and count checks see only their rows.
     sql_.exec("TRUNCATE idempotency_requests CASCADE");
+    sql_.exec("TRUNCATE idempotency_same_payload");
   }
 
 
@@ -176,10 +178,19 @@ class PgHarness {
         " expires_at = expires_at - $1::bigint * interval '1 millisecond',"
         " lease_expires_at = lease_expires_at - $1::bigint * interval '1 millisecond'",
         {ms});
+    sql_.exec(
+        "UPDATE idempotency_same_payload SET "
+        " seen_at = seen_at - $1::bigint * interval '1 millisecond',"
+        " expires_at = expires_at - $1::bigint * interval '1 millisecond',"
+        " previous_seen_at = previous_seen_at - $1::bigint * interval '1 millisecond'",
+        {ms});
   }
 
   std::size_t row_count() {
     return std::stoul(sql_.scalar("SELECT count(*) FROM idempotency_requests").value());
+  }
+  std::size_t note_count() {
+    return std::stoul(sql_.scalar("SELECT count(*) FROM idempotency_same_payload").value());
   }
 
   // The whole row as PostgreSQL prints it: every column, byte for byte.

@@ -143,11 +143,16 @@ TEST_CASE("online migrations: a database migrated by the first texts is current,
   test::ScratchDatabase legacy("idem_online_legacy");
   apply_legacy(legacy.url(), 6);
   test::Db old_db(legacy.url());
+  // Their checksums count as applied: only the migrations after 0006 are pending.
   auto check = check_schema(legacy.url(), kConnect);
   INFO(check.detail);
-  CHECK(check.status == SchemaStatus::current);
-  // migrate finds nothing to do, and gives the table of that time its new columns.
-  CHECK(apply_migrations(legacy.url(), kConnect).applied.empty());
+  CHECK(check.status == SchemaStatus::behind);
+  CHECK(check.detail.find("0006") == std::string::npos);
+  CHECK(check.detail.find("0001") == std::string::npos);
+  // migrate applies only those, and gives the table of that time its new columns.
+  const auto later = apply_migrations(legacy.url(), kConnect).applied;
+  CHECK_FALSE(later.empty());
+  CHECK(later.front() == 7);
   CHECK(old_db.scalar_int("SELECT count(*) FROM information_schema.columns WHERE"
                           " table_name = 'idemproxy_schema_migrations' AND column_name IN"
                           " ('compatible_from', 'release')") == 2);
@@ -219,7 +224,8 @@ TEST_CASE("online migrations: from schema 2 with rows, past a long transaction, 
   CHECK(writer.ok_.load() > 0);
   CHECK(retries.load() >= 5);
   CHECK(writes_while_waiting.load() > 0);
-  CHECK(result.applied == std::vector<int>{3, 4, 5, 6});
+  CHECK(result.applied.front() == 3);
+  CHECK(result.applied.size() == embedded_migrations().size() - 2);
   CHECK(check_schema(scratch.url(), kConnect).status == SchemaStatus::current);
 
   // Every row, the writer's included, has a token of its own, and the column is NOT NULL
@@ -252,7 +258,7 @@ TEST_CASE("online migrations: a step gives up after lock_wait and names the tran
   report.exec("ROLLBACK");
   // Nothing of the step was kept; the next run finishes the job.
   CHECK(db.scalar_int("SELECT count(*) FROM idemproxy_schema_migrations") == 2);
-  CHECK(apply_migrations(scratch.url(), kConnect).applied == std::vector<int>{3, 4, 5, 6});
+  CHECK(apply_migrations(scratch.url(), kConnect).applied.size() == embedded_migrations().size() - 2);
 }
 
 TEST_CASE("online migrations: an INVALID index left by an interrupted build is dropped and built again") {
@@ -303,7 +309,7 @@ TEST_CASE("online migrations: the fencing-token backfill announces no record cha
           " now(), now(), now() + interval '1 day' FROM generate_series(1, 2000) g");
   auto listener = connect_blocking(scratch.url(), kConnect);
   exec(listener.get(), "LISTEN idemproxy_records");
-  REQUIRE(apply_migrations(scratch.url(), kConnect).applied.size() == 4);
+  REQUIRE(apply_migrations(scratch.url(), kConnect).applied.size() == embedded_migrations().size() - 2);
   CHECK(db.scalar_int("SELECT count(*) FROM idempotency_requests WHERE fencing_token IS NULL") == 0);
   // A change that matters is still announced (the trigger is there, and fires).
   db.exec("DELETE FROM idempotency_requests WHERE idempotency_key = 'k1'");

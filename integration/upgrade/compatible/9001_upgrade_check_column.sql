@@ -1,8 +1,11 @@
 -- A test migration of scripts/upgrade-check only (built in with IDEM_EXTRA_MIGRATIONS,
 -- never part of a release): an expand step as a real release would ship one, a column and
--- an index added to the filled record table. Binaries of schema 6 never name either, so
--- they keep serving: they are fenced by the same fencing_token as before.
--- idemproxy:compatible-from 6
+-- an index added to the filled record table. Binaries of this checkout's schema never name
+-- either, so they keep serving: they are fenced by the same fencing_token as before.
+-- Numbered far above any release's migrations; compatible-from is this checkout's newest
+-- migration (tests/store/test_migration_script.cpp fails when a new one is added and this
+-- line is not moved with it).
+-- idemproxy:compatible-from 7
 SET lock_timeout = '100ms';
 SET statement_timeout = '10min';
 
