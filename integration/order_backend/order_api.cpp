@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <utility>
 #include <variant>
+#include <vector>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -566,44 +568,101 @@ std::vector<pg::PreparedStatement> OrderApi::statements() {
   };
 }
 
+namespace {
+
+enum class Handler { create, get_order, by_operation, healthz, faults };
+
+struct Served {
+  ApiOperation operation;
+  Handler handler;
+};
+
+// What the API serves, and the only place handle() looks: a path is served exactly when it
+// is here, so the table is the list openapi.yaml must document. /v1/orders and /v2/orders
+// are the same create under other paths: the demo's Stripe-style (form) and Square-style
+// (key in the body) routes of the sidecar.
+constexpr Served kServed[] = {
+    {{"POST", "/orders"}, Handler::create},
+    {{"POST", "/v1/orders"}, Handler::create},
+    {{"POST", "/v2/orders"}, Handler::create},
+    {{"GET", "/orders/{order_id}"}, Handler::get_order},
+    {{"GET", "/orders/by-operation/{operation_id}"}, Handler::by_operation},
+    {{"GET", "/healthz"}, Handler::healthz},
+    {{"GET", "/_faults", true}, Handler::faults},
+    {{"PUT", "/_faults", true}, Handler::faults},
+};
+
+// True when `path` fits the template; `parameter` gets the segment a "{name}" stood for.
+bool matches(std::string_view path_template, std::string_view path, std::string_view& parameter) {
+  while (!path_template.empty() && !path.empty()) {
+    if (path_template.front() != '/' || path.front() != '/') return false;
+    path_template.remove_prefix(1);
+    path.remove_prefix(1);
+    const auto t = path_template.substr(0, path_template.find('/'));
+    const auto p = path.substr(0, path.find('/'));
+    if (t.starts_with('{')) {
+      if (p.empty()) return false;
+      parameter = p;
+    } else if (t != p) {
+      return false;
+    }
+    path_template.remove_prefix(t.size());
+    path.remove_prefix(p.size());
+  }
+  return path_template.empty() && path.empty();
+}
+
+}  // namespace
+
+std::span<const ApiOperation> OrderApi::operations() {
+  static const auto table = [] {
+    std::vector<ApiOperation> out;
+    for (const auto& s : kServed) out.push_back(s.operation);
+    return out;
+  }();
+  return table;
+}
+
+asio::awaitable<Response> OrderApi::dispatch(Request& req, std::size_t operation,
+                                             std::string_view parameter) {
+  switch (kServed[operation].handler) {
+    case Handler::create: co_return co_await create(req);
+    case Handler::get_order: co_return co_await get(req, parameter);
+    case Handler::by_operation: co_return co_await by_operation(req, parameter);
+    case Handler::healthz: co_return json_response(req, http::status::ok, json::object{{"status", "ok"}});
+    case Handler::faults: co_return faults(req);
+  }
+  co_return problem(req, http::status::internal_server_error, "internal", "Internal error",
+                    "no handler");
+}
+
 asio::awaitable<Response> OrderApi::handle(Request& req) {
   const auto started = SteadyClock::now();
   std::string_view path = req.target();
   path = path.substr(0, path.find('?'));
 
+  // The served operation, or the methods this path does answer (405 names them).
+  std::optional<std::size_t> found;
+  std::string_view parameter;
+  std::string allow;
+  for (std::size_t i = 0; i < std::size(kServed) && !found; ++i) {
+    const ApiOperation& op = kServed[i].operation;
+    if ((op.fault_injection_only && !options_.fault_injection) || !matches(op.path, path, parameter)) {
+      continue;
+    }
+    if (req.method_string() == op.method) {
+      found = i;
+    } else {
+      allow += (allow.empty() ? "" : ", ") + std::string(op.method);
+    }
+  }
   Response res;
-  // /v1/orders and /v2/orders are the same create under other paths: the demo's
-  // Stripe-style (form) and Square-style (key in the body) routes of the sidecar.
-  if (path == "/orders" || path == "/v1/orders" || path == "/v2/orders") {
-    if (req.method() == http::verb::post) {
-      res = co_await create(req);
-    } else {
-      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
-                    "Method not allowed", "use POST to create an order");
-      res.set(http::field::allow, "POST");
-    }
-  } else if (path.starts_with("/orders/by-operation/") && path.size() > 21 &&
-             path.find('/', 21) == std::string_view::npos) {
-    if (req.method() == http::verb::get) {
-      res = co_await by_operation(req, path.substr(21));
-    } else {
-      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
-                    "Method not allowed", "operations are looked up with GET");
-      res.set(http::field::allow, "GET");
-    }
-  } else if (path.starts_with("/orders/") && path.size() > 8 &&
-             path.find('/', 8) == std::string_view::npos) {
-    if (req.method() == http::verb::get) {
-      res = co_await get(req, path.substr(8));
-    } else {
-      res = problem(req, http::status::method_not_allowed, "method_not_allowed",
-                    "Method not allowed", "orders are read with GET");
-      res.set(http::field::allow, "GET");
-    }
-  } else if (path == "/healthz" && req.method() == http::verb::get) {
-    res = json_response(req, http::status::ok, json::object{{"status", "ok"}});
-  } else if (path == "/_faults" && options_.fault_injection) {
-    res = faults(req);
+  if (found) {
+    res = co_await dispatch(req, *found, parameter);
+  } else if (!allow.empty()) {
+    res = problem(req, http::status::method_not_allowed, "method_not_allowed",
+                  "Method not allowed", "this resource answers " + allow);
+    res.set(http::field::allow, allow);
   } else {
     res = problem(req, http::status::not_found, "not_found", "Not found",
                   "no such resource on the order API");
@@ -864,9 +923,6 @@ Response OrderApi::faults(Request& req) {
                  faults_.fail_next, faults_.fail_every, faults_.fail_after_commit ? "after" : "before",
                  faults_.fail_status, faults_.delay.count(),
                  faults_.delay_after_commit ? "after" : "before");
-  } else if (req.method() != http::verb::get) {
-    return problem(req, http::status::method_not_allowed, "method_not_allowed",
-                   "Method not allowed", "GET or PUT");
   }
   const auto when = [](bool after) { return after ? "after_commit" : "before_commit"; };
   return json_response(req, http::status::ok,

@@ -1,8 +1,11 @@
 #pragma once
-// The reference order API behind the sidecar:
+// The reference order API behind the sidecar (every operation: OrderApi::operations(),
+// described for clients in openapi.yaml beside this file):
 //
 //   POST /orders        create an order and its OrderCreated outbox event, atomically
+//                       (also POST /v1/orders and POST /v2/orders, the same create)
 //   GET  /orders/{id}   read an order; only the tenant that owns it may see it
+//   GET  /orders/by-operation/{operation_id}   the reconciliation lookup
 //   GET  /healthz       liveness
 //   GET|PUT /_faults    runtime fault switches (only with --enable-fault-injection)
 //
@@ -31,7 +34,9 @@
 //     rejections with record (docs/backend.md).
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <boost/asio/awaitable.hpp>
@@ -61,6 +66,14 @@ struct OrderApiOptions {
   Millis slow_order_time{3000};
 };
 
+// One operation the API serves: a method and a path template whose "{name}" segment
+// stands for any one non-empty segment.
+struct ApiOperation {
+  std::string_view method;
+  std::string_view path;
+  bool fault_injection_only = false;  // served only with --enable-fault-injection
+};
+
 // Exit status of the process when a test asks it to crash after commit.
 inline constexpr int kCrashExitCode = 99;
 
@@ -70,6 +83,10 @@ class OrderApi {
 
   // Prepared on every pooled connection (pg::PoolOptions::statements).
   static std::vector<pg::PreparedStatement> statements();
+
+  // Every operation handle() serves, the table it dispatches by: what openapi.yaml must
+  // document (integration/suites/e2e_openapi_test.cpp holds the two to each other).
+  static std::span<const ApiOperation> operations();
 
   // The HTTP handler (http_server.hpp). Never throws for expected conditions.
   asio::awaitable<Response> handle(Request& req);
@@ -96,6 +113,7 @@ class OrderApi {
   };
 
  private:
+  asio::awaitable<Response> dispatch(Request& req, std::size_t operation, std::string_view parameter);
   asio::awaitable<Response> create(Request& req);
   asio::awaitable<Response> create_or_find(Request& req, const Arrival& a,
                                            const OrderRequest& order);

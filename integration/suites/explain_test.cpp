@@ -110,3 +110,45 @@ TEST_CASE("explain --database: an operation still running is in progress, with i
   CHECK(owner.get().status == 201);
   CHECK(has(w.explain(w.tenant, key, kOrder), "a retry now:  the recorded 201 replayed"));
 }
+
+TEST_CASE("explain without --database needs no DATABASE_URL: the database section is not read") {
+  TempDir dir("explain-nodb");
+  // The usual production file: the URL and pool come from the environment, and explain runs
+  // where neither is set (a laptop, a CI job without the production secret). More workers
+  // than the default pool: that check is the database section's, so it is not made either.
+  const auto config = dir.write_file("config.yaml", R"(
+upstream: { url: "http://127.0.0.1:3000" }
+database: { url: "${DATABASE_URL}", pool_size: "${IDEM_EXPLAIN_TEST_POOL_SIZE}" }
+workers: 12
+routes:
+  - { name: create-order, method: POST, path: /orders }
+)");
+  const auto body = dir.write_file("body.json", R"({"amount":1})");
+  const auto run = [&](std::vector<std::string> args) {
+    auto r = run_command(ProcessOptions{.executable = idemproxy_binary(),
+                                        .args = std::move(args),
+                                        .unset = {"DATABASE_URL", "IDEM_EXPLAIN_TEST_POOL_SIZE"},
+                                        .name = "idemproxy"},
+                         kDefaultTimeout);
+    INFO(r.output);
+    return r;
+  };
+  const std::vector<std::string> request{"--tenant", "acme", "--header", "Idempotency-Key: k-1", "--header",
+                                         "Content-Type: application/json", "--body", body.string(), "POST",
+                                         "/orders"};
+  std::vector<std::string> args{"explain", "--config", config.string()};
+  args.insert(args.end(), request.begin(), request.end());
+  const auto offline = run(args);
+  CHECK(offline.status.code() == 0);
+  CHECK(has(offline, "route:        create-order (POST /orders)"));
+  CHECK(has(offline, "key as read:  k-1"));
+  CHECK(has(offline, "fingerprint:"));
+
+  // What does connect still says what is missing, naming the key and the variable.
+  args.insert(args.begin() + 3, "--database");
+  const auto online = run(args);
+  CHECK(online.status.code() == 2);
+  CHECK(has(online, "database.url"));
+  CHECK(has(online, "DATABASE_URL is not set"));
+  CHECK(run({"check-config", "--config", config.string()}).status.code() == 2);
+}

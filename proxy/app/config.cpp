@@ -5,9 +5,11 @@
 
 namespace idem::app {
 
-std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path) {
-  auto s = settings::load_file(path);
-  if (s->workers > s->database.pool_size) {
+std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path,
+                                                     settings::LoadOptions options) {
+  auto s = settings::load_file(path, options);
+  // The pool is the database section's: unread, it has nothing to say about workers.
+  if (options.database && s->workers > s->database.pool_size) {
     throw settings::ConfigError(path, 0, "database.pool_size",
                                 "must be at least `workers` (" + std::to_string(s->workers) +
                                     "): every worker needs its own connection");

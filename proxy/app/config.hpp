@@ -15,8 +15,10 @@
 namespace idem::app {
 
 // Loads and fully validates (including what only the gateway can compile, such as
-// fingerprint pointers and defaults). Throws settings::ConfigError.
-std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path);
+// fingerprint pointers and defaults). Throws settings::ConfigError. `options.database`
+// false: the database section is not read (settings::LoadOptions).
+std::shared_ptr<const gateway::Runtime> load_runtime(const std::string& path,
+                                                     settings::LoadOptions options = {});
 
 // The TLS contexts a configuration names, built from its files now (server/tls.hpp,
 // upstream/tls.hpp). Null where TLS is not configured.

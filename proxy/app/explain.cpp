@@ -381,7 +381,9 @@ std::string record_text(const Examination& e, const std::optional<store::Record>
 }
 
 int explain(ExplainOptions options) {
-  auto runtime = load_runtime(options.config_path);
+  // Without --database nothing connects: the database section is not read, so a
+  // ${DATABASE_URL} it names need not be set where the request is explained.
+  auto runtime = load_runtime(options.config_path, settings::LoadOptions{.database = options.database});
   if (!options.body_given && !isatty(STDIN_FILENO)) {
     options.body.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
     options.body_given = !options.body.empty();

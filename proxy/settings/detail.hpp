@@ -26,7 +26,7 @@ using EnvLookup = std::function<const char*(const std::string& name)>;
 
 // load_text with an injected environment, so tests need not setenv().
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
-                                          const EnvLookup& env);
+                                          const EnvLookup& env, LoadOptions options = {});
 
 // ${VAR}, ${VAR:-default} and $$ inside one scalar. Any other '$' stays literal, as in a
 // shell, so a password such as "pa$word" needs no escaping. Throws SyntaxError.

@@ -83,7 +83,10 @@ std::size_t distance(std::string_view a, std::string_view b) {
 
 class Loader {
  public:
-  Loader(std::string file, detail::EnvLookup env) : file_(std::move(file)), env_(std::move(env)) {}
+  Loader(std::string file, detail::EnvLookup env, LoadOptions options = {})
+      : file_(std::move(file)), env_(std::move(env)), options_(options) {}
+
+  const LoadOptions& options() const { return options_; }
 
   [[noreturn]] void fail(int line, const std::string& key, const std::string& message) const {
     throw ConfigError(file_, line, key, message);
@@ -279,6 +282,7 @@ class Loader {
  private:
   std::string file_;
   detail::EnvLookup env_;
+  LoadOptions options_;
 };
 
 // A YAML mapping whose keys are checked against the allowed set when it is opened, so an
@@ -1003,7 +1007,10 @@ Settings parse_root(const Loader& L, const Item& root) {
   if (auto v = m.get("tls")) s.tls = parse_listener_tls(L, *v);
   if (auto v = m.get("workers")) s.workers = static_cast<int>(L.integer(*v, 0, 1024));
   parse_upstream(L, m.required("upstream"), s.upstream);
-  parse_database(L, m.required("database"), s.database);
+  // Present either way (the file is a whole configuration); read only by commands that
+  // connect, so that a ${DATABASE_URL} it names need not be set for one that does not.
+  const auto database = m.required("database");
+  if (L.options().database) parse_database(L, database, s.database);
   // Tenant first: routes check their key header against it.
   if (auto v = m.get("tenant")) {
     parse_tenant(L, *v, s.tenant);
@@ -1197,7 +1204,7 @@ class DocumentProbe : public YAML::EventHandler {
 namespace detail {
 
 std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
-                                          const EnvLookup& env) {
+                                          const EnvLookup& env, LoadOptions options) {
   YAML::Node root;
   DocumentProbe probe;
   try {
@@ -1232,7 +1239,7 @@ std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::st
                           " YAML nodes (counting an alias each time it is used): aliases of "
                           "aliases nested too deeply");
   }
-  const Loader loader(name, env);
+  const Loader loader(name, env, options);
   // The probe's count bounds every walk below; this walk of the built document checks
   // the same bound again, so that no walk depends on the two readings agreeing.
   check_expansion(root, name);
@@ -1243,17 +1250,19 @@ std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::st
 
 }  // namespace detail
 
-std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name) {
-  return detail::load_text(yaml, name, [](const std::string& var) { return std::getenv(var.c_str()); });
+std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
+                                          LoadOptions options) {
+  return detail::load_text(
+      yaml, name, [](const std::string& var) { return std::getenv(var.c_str()); }, options);
 }
 
-std::shared_ptr<const Settings> load_file(const std::string& path) {
+std::shared_ptr<const Settings> load_file(const std::string& path, LoadOptions options) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw ConfigError(path, 0, "", std::string("cannot read the file: ") + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
   if (in.bad()) throw ConfigError(path, 0, "", "cannot read the file");
-  return load_text(text.str(), path);
+  return load_text(text.str(), path, options);
 }
 
 }  // namespace idem::settings

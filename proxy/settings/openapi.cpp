@@ -118,7 +118,7 @@ bool looks_incidental(const std::string& name) {
   }
   static const std::set<std::string> kNames = {"traceid", "spanid", "traceparent", "requestid", "correlationid",
                                                "clientsentat", "sentat", "timestamp", "clienttimestamp",
-                                               "requesttime", "sentsentat"};
+                                               "requesttime"};
   return kNames.count(n) != 0;
 }
 

@@ -312,10 +312,19 @@ class ConfigError : public std::runtime_error {
   std::string key_;
 };
 
+// What a command needs of the file. Without `database`, the section must be present but
+// none of its values is expanded or checked and Settings::database keeps its defaults: for
+// a command that never connects (explain without --database), so that a ${DATABASE_URL}
+// the file names need not be set where the command runs.
+struct LoadOptions {
+  bool database = true;
+};
+
 // Reads, expands ${VAR} / ${VAR:-default}, validates. Throws ConfigError.
-std::shared_ptr<const Settings> load_file(const std::string& path);
+std::shared_ptr<const Settings> load_file(const std::string& path, LoadOptions options = {});
 // Same, from text (tests); `name` stands in for the file name in errors.
-std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name);
+std::shared_ptr<const Settings> load_text(const std::string& yaml, const std::string& name,
+                                          LoadOptions options = {});
 
 // The effective configuration as YAML, every key present, secrets masked
 // (database password in URL/conninfo, admin.token). Key and certificate files are named

@@ -332,6 +332,27 @@ TEST_CASE("${VAR} expansion") {
   }
 }
 
+TEST_CASE("LoadOptions{.database = false}: the section must be there, none of it is read") {
+  // explain without --database: a ${DATABASE_URL} it names need not be set, and what the
+  // section holds keeps its defaults (nothing that does not connect reads it).
+  const std::string yaml = "upstream: {url: \"http://h\"}\n"
+                           "database: {url: \"${DATABASE_URL}\", pool_size: \"${POOL}\"}\n"
+                           "workers: 12\n";
+  const auto s = detail::load_text(yaml, "test.yaml", lookup({}), LoadOptions{.database = false});
+  CHECK(s->database.url == "");
+  CHECK(s->database.pool_size == DatabaseSettings{}.pool_size);
+  CHECK(s->workers == 12);
+  // By default the same file is refused, naming the variable.
+  CHECK(failure(yaml).what.find("DATABASE_URL is not set") != std::string::npos);
+  // The file is still a whole configuration.
+  try {
+    detail::load_text("upstream: {url: \"http://h\"}\n", "test.yaml", lookup({}), LoadOptions{.database = false});
+    FAIL("a file without a database section loaded");
+  } catch (const ConfigError& e) {
+    CHECK(e.key() == "database");
+  }
+}
+
 TEST_CASE("load_text uses the process environment") {
   ::setenv("IDEM_SETTINGS_TEST_POOL", "33", 1);
   const auto s = load_text("upstream: {url: \"http://h\"}\n"
