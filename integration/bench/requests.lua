@@ -3,11 +3,15 @@
 --   passthrough  POST /v1/carts (no route matches: proxied unchanged), the same request
 --                every time; for the sidecar, nginx and the backend alike
 --   new          POST /orders with a fresh Idempotency-Key per request (claim + forward +
---                completion in the sidecar)
+--                completion in the sidecar). A key starts with 8 random hex digits, so
+--                that new keys land all over the primary key's index, as clients' UUIDs
+--                do (and as pgbench's random keys do), not at one spot of it; the
+--                nonce, thread and counter after them keep every key unique
 --   replay       POST /orders with a key drawn from 1..N (tenant bench-replay), all recorded
 --                beforehand (the sidecar answers from PostgreSQL; nginx forwards)
---   orders       POST /orders with a fresh Idempotency-Key per request and an order the
---                reference order API accepts: one real order (and outbox event) each
+--   orders       POST /orders with a fresh Idempotency-Key per request (as for new) and
+--                an order the reference order API accepts: one real order (and outbox
+--                event) each
 --
 -- Every request carries the tenant header and the same JSON body. done() writes one line
 -- of key=value results to $BENCH_RESULT for scripts/bench to collect.
@@ -48,7 +52,8 @@ else
   if mode == "new" or mode == "orders" then
     function request()
       n = n + 1
-      headers["Idempotency-Key"] = nonce .. "-" .. (thread_id or 0) .. "-" .. n
+      headers["Idempotency-Key"] = string.format("%08x-", math.random(0, 0x7fffffff) * 2 + math.random(0, 1)) ..
+                                   nonce .. "-" .. (thread_id or 0) .. "-" .. n
       return wrk.format("POST", "/orders", headers, body)
     end
   else
