@@ -126,6 +126,28 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
 
   std::size_t queued() const noexcept { return queue_.size(); }
 
+  // Takes up to `max` queued calls out of the queue, for another batcher's batch to carry
+  // (one write cycle: claims and completions in one transaction). Home thread. The taker
+  // decides them and then calls settle().
+  std::vector<SlotPtr> take(std::size_t max) {
+    std::vector<SlotPtr> taken;
+    while (!queue_.empty() && taken.size() < max) {
+      taken.push_back(std::move(queue_.front()));
+      queue_.pop_front();
+      taken.back()->queued = false;
+    }
+    return taken;
+  }
+
+  // Answers and wakes the callers of taken slots: an undecided one gets `failure`, as in
+  // a batch of this batcher's own. Home thread.
+  void settle(std::vector<SlotPtr>& taken) {
+    for (auto& s : taken) {
+      if (!s->out && !s->alone) s->out = failure_;
+      finish(s);
+    }
+  }
+
  private:
   // On the caller's side: a call that ends undecided (its wait was cancelled, or its
   // loop shut down) takes its slot out of the queue, on the home thread for a remote one.
@@ -196,12 +218,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     // (other requests' claims) join this batch instead of starting the next one.
     co_await asio::post(ex, asio::use_awaitable);
     for (;;) {
-      std::vector<SlotPtr> batch;
-      while (!self->queue_.empty() && batch.size() < self->options_.max_size) {
-        batch.push_back(std::move(self->queue_.front()));
-        self->queue_.pop_front();
-        batch.back()->queued = false;
-      }
+      std::vector<SlotPtr> batch = self->take(self->options_.max_size);
       if (batch.empty()) co_return;
       self->last_size_.store(batch.size(), std::memory_order_relaxed);
       try {
@@ -209,10 +226,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
       } catch (...) {
         // Nothing may escape into the event loop; the slots fail below.
       }
-      for (auto& s : batch) {
-        if (!s->out && !s->alone) s->out = self->failure_;
-        finish(s);
-      }
+      self->settle(batch);
     }
   }
 

@@ -930,13 +930,12 @@ ClaimPlan plan_claims(const PgStore::Core& core, const std::vector<ClaimBatcher:
 
 // Each member's answer from the batch's results: winners by the key RETURNING names,
 // losers with the row read for them (repeats always, others with read_along).
-void answer_claims(PgStore::Core& core, const ClaimPlan& plan,
-                   const std::vector<pg::Result>& results,
-                   std::vector<ClaimBatcher::SlotPtr>& batch) {
+// `won`: the INSERT's rows; `read`: the losers' read (when plan.with_read).
+void answer_claims(PgStore::Core& core, const ClaimPlan& plan, const pg::Result& won,
+                   const pg::Result* read_rows, std::vector<ClaimBatcher::SlotPtr>& batch) {
   const auto fail_all = [&](error_code ec) {
     for (auto& s : batch) s->out = result<ClaimResult>(ec);
   };
-  const pg::Result& won = results[0];
   std::unordered_map<std::string, Ownership> owners;
   for (int row = 0; row < won.rows(); ++row) {
     const auto attempt = won.int64(row, 3);
@@ -948,7 +947,8 @@ void answer_claims(PgStore::Core& core, const ClaimPlan& plan,
   }
   std::unordered_map<std::string, Record> rows;
   if (plan.with_read) {
-    const pg::Result& read = results[1];
+    if (read_rows == nullptr) return fail_all(bad_row());
+    const pg::Result& read = *read_rows;
     for (int row = 0; row < read.rows(); ++row) {
       auto rec = decode_record(read, row);
       if (!rec) return fail_all(rec.error());
@@ -994,34 +994,6 @@ std::vector<std::size_t> all_members(std::size_t n) {
   std::vector<std::size_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = i;
   return v;
-}
-
-// One batch of claims in one pipeline: one round trip, one transaction committed at the
-// sync, before any member is answered. A key claimed twice in one batch is inserted once,
-// for the member that came first; the later ones lose and get the row read after the
-// insert, in the same transaction: the winner's row exactly as a claim right after the
-// winner's commit would have read it.
-asio::awaitable<void> run_claim_batch(std::shared_ptr<PgStore::Core> core,
-                                      std::vector<ClaimBatcher::SlotPtr>& batch) {
-  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
-  if (batch.size() == 1 && !core->lone_calls_batched) {
-    batch[0]->out = co_await claim_one(core, batch[0]->item.req);
-    co_return;
-  }
-  ClaimPlan plan = plan_claims(*core, batch);
-  ++core->stats.claim_batches;
-  core->stats.claims_batched += batch.size();
-  if (core->on_batch) core->on_batch("claim", batch.size());
-  std::vector<pg::Pool::Batched> statements;
-  statements.push_back({kClaimBatch, std::move(plan.insert.params)});
-  if (plan.with_read) statements.push_back({kReadBatch, std::move(plan.read.params)});
-  auto r = co_await core->pool->execute_pipeline(std::move(statements));
-  if (!r) {
-    batch_failed(*core, r.error(), batch, all_members(batch.size()),
-                 failed<ClaimResult>(r.error()));
-    co_return;
-  }
-  answer_claims(*core, plan, *r, batch);
 }
 
 // Larger answers are completed alone, without a batch: a batch's statement stays a few
@@ -1095,44 +1067,101 @@ Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
 // member it did not write to is answered `fenced` here; the caller then asks, on its
 // own, whether its answer was already recorded (the rare retry path), exactly as the
 // single completion does.
-asio::awaitable<void> run_complete_batch(std::shared_ptr<PgStore::Core> core,
-                                         std::vector<CompleteBatcher::SlotPtr>& batch) {
-  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
-  if (batch.size() == 1 && !core->lone_calls_batched) {
-    batch[0]->out = co_await complete_alone(core->pool, batch[0]->item);
-    co_return;
-  }
-  const std::vector<std::size_t> members = completion_members(batch);
-  if (members.empty()) co_return;
-  if (members.size() == 1 && !core->lone_calls_batched) {
-    batch[members[0]]->out = co_await complete_alone(core->pool, batch[members[0]]->item);
-    co_return;
-  }
-  Encoded update = encode_completions(batch, members);
+struct CompletionPlan {
+  std::vector<std::size_t> members;  // the slots the UPDATE carries, in key order
   std::vector<std::string> member_keys;
-  member_keys.reserve(members.size());
-  for (std::size_t i : members) member_keys.push_back(full_key(batch[i]->item.id));
-  ++core->stats.completion_batches;
-  core->stats.completions_batched += members.size();
-  if (core->on_batch) core->on_batch("complete", members.size());
+  Encoded update;
+};
 
-  auto r = co_await core->pool->execute(kCompleteBatch, std::move(update.params));
-  if (!r) {
-    batch_failed(*core, r.error(), batch, members, failed<Completed>(r.error()));
+CompletionPlan plan_completions(std::vector<CompleteBatcher::SlotPtr>& batch) {
+  CompletionPlan plan;
+  plan.members = completion_members(batch);
+  plan.update = encode_completions(batch, plan.members);
+  plan.member_keys.reserve(plan.members.size());
+  for (std::size_t i : plan.members) plan.member_keys.push_back(full_key(batch[i]->item.id));
+  return plan;
+}
+
+// Each member learns whether its own write matched: a member the UPDATE did not return
+// was fenced (the caller then asks whether its very answer is recorded already).
+void answer_completions(const CompletionPlan& plan, const pg::Result& r,
+                        std::vector<CompleteBatcher::SlotPtr>& batch) {
+  std::unordered_map<std::string, Completed> written;
+  for (int row = 0; row < r.rows(); ++row) {
+    auto done = completed_at(r, row, 3, Completion::recorded);
+    if (r.columns() != 4 || !done) {
+      for (std::size_t i : plan.members) batch[i]->out = result<Completed>(bad_row());
+      return;
+    }
+    written.emplace(full_key(r, row, 0), *done);
+  }
+  for (std::size_t m = 0; m < plan.members.size(); ++m) {
+    auto it = plan.member_keys.empty() ? written.end() : written.find(plan.member_keys[m]);
+    batch[plan.members[m]]->out = it != written.end() ? it->second : Completed{Completion::fenced, 0};
+  }
+}
+
+// One write cycle: the claims and the completions that are ready at the same moment go
+// in one pipeline with one sync, so in one transaction, one commit and one WAL flush
+// (docs/performance.md, "One commit per cycle"), before any member is answered. The
+// completions go first, so that a claim that loses to a record completed in this very
+// cycle reads it completed. Each member keeps its own condition (the claim's ON
+// CONFLICT, the completion's fence), so a member that matches nothing is answered alone
+// and the others are not affected; a statement the server refuses (an SQL error) aborts
+// the transaction, and then every member runs again on its own, as after a refused batch
+// of one kind: nothing of the cycle was committed. Either list may be empty. A key
+// claimed twice is inserted once, for the member that came first; the later ones lose
+// and get the row read after the insert, in the same transaction (a statement of its own,
+// with its own READ COMMITTED snapshot).
+asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
+                                std::vector<ClaimBatcher::SlotPtr>& claims,
+                                std::vector<CompleteBatcher::SlotPtr>& completions) {
+  if (!core) co_return;  // the home store is gone: its members fail (batcher.hpp)
+  CompletionPlan update = plan_completions(completions);  // repeated keys go alone at once
+  const std::size_t members = claims.size() + update.members.size();
+  if (members == 0) co_return;
+  if (members == 1 && !core->lone_calls_batched) {
+    // A lone call goes out as its own statement (no arrays to build or unpack).
+    if (!claims.empty()) {
+      claims[0]->out = co_await claim_one(core, claims[0]->item.req);
+    } else {
+      auto& slot = completions[update.members[0]];
+      slot->out = co_await complete_alone(core->pool, slot->item);
+    }
     co_return;
   }
-  std::unordered_map<std::string, Completed> written;
-  for (int row = 0; row < r->rows(); ++row) {
-    auto done = completed_at(*r, row, 3, Completion::recorded);
-    if (r->columns() != 4 || !done) {
-      for (std::size_t i : members) batch[i]->out = result<Completed>(bad_row());
-      co_return;
-    }
-    written.emplace(full_key(*r, row, 0), *done);
+  std::vector<pg::Pool::Batched> statements;
+  if (!update.members.empty()) {
+    ++core->stats.completion_batches;
+    core->stats.completions_batched += update.members.size();
+    if (core->on_batch) core->on_batch("complete", update.members.size());
+    statements.push_back({kCompleteBatch, std::move(update.update.params)});
   }
-  for (std::size_t m = 0; m < members.size(); ++m) {
-    auto it = written.find(member_keys[m]);
-    batch[members[m]]->out = it != written.end() ? it->second : Completed{Completion::fenced, 0};
+  ClaimPlan plan;
+  if (!claims.empty()) {
+    plan = plan_claims(*core, claims);
+    ++core->stats.claim_batches;
+    core->stats.claims_batched += claims.size();
+    if (core->on_batch) core->on_batch("claim", claims.size());
+    statements.push_back({kClaimBatch, std::move(plan.insert.params)});
+    if (plan.with_read) statements.push_back({kReadBatch, std::move(plan.read.params)});
+  }
+  if (!claims.empty() && !update.members.empty()) ++core->stats.combined_cycles;
+  auto r = co_await core->pool->execute_pipeline(std::move(statements));
+  if (!r) {
+    if (!claims.empty()) {
+      batch_failed(*core, r.error(), claims, all_members(claims.size()), failed<ClaimResult>(r.error()));
+    }
+    if (!update.members.empty()) {
+      batch_failed(*core, r.error(), completions, update.members, failed<Completed>(r.error()));
+    }
+    co_return;
+  }
+  std::size_t next = 0;
+  if (!update.members.empty()) answer_completions(update, (*r)[next++], completions);
+  if (!claims.empty()) {
+    const pg::Result& won = (*r)[next++];
+    answer_claims(*core, plan, won, plan.with_read ? &(*r)[next] : nullptr, claims);
   }
 }
 
@@ -1223,6 +1252,42 @@ struct PgStore::Batchers {
   std::shared_ptr<FencedBatcher> renewals;
 };
 
+namespace {
+
+// A batch of claims takes along the completions queued at that moment, and a batch of
+// completions the claims (run_cycle): both batchers are of the same home loop, so the
+// other's queue is read on its own thread. What is taken is answered by this batch and
+// settled by its own batcher (a slot left undecided gets that batcher's failure).
+asio::awaitable<void> claim_cycle(std::weak_ptr<PgStore::Core> core,
+                                  std::weak_ptr<PgStore::Batchers> batchers, std::size_t max_size,
+                                  std::vector<ClaimBatcher::SlotPtr>& claims) {
+  const auto b = batchers.lock();
+  std::vector<CompleteBatcher::SlotPtr> completions;
+  if (b) completions = b->completions->take(max_size);
+  try {
+    co_await run_cycle(core.lock(), claims, completions);
+  } catch (...) {
+    // As in a batch of the completions' own: they fail below, the claims in their batcher.
+  }
+  if (b) b->completions->settle(completions);
+}
+
+asio::awaitable<void> completion_cycle(std::weak_ptr<PgStore::Core> core,
+                                       std::weak_ptr<PgStore::Batchers> batchers,
+                                       std::size_t max_size,
+                                       std::vector<CompleteBatcher::SlotPtr>& completions) {
+  const auto b = batchers.lock();
+  std::vector<ClaimBatcher::SlotPtr> claims;
+  if (b) claims = b->claims->take(max_size);
+  try {
+    co_await run_cycle(core.lock(), claims, completions);
+  } catch (...) {
+  }
+  if (b) b->claims->settle(claims);
+}
+
+}  // namespace
+
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching batching)
     : core_(std::make_shared<Core>()), held_(std::make_shared<HeldClaims>()) {
   core_->pool = std::move(pool);
@@ -1252,16 +1317,19 @@ std::shared_ptr<PgStore::Batchers> PgStore::make_batchers(const std::shared_ptr<
   // protocol.
   const auto broken = make_error_code(errc::store_protocol);
   auto b = std::make_shared<Batchers>();
+  // The batchers hold each other weakly through `b` (each takes the other's queue), and
+  // the stores hold `b`.
+  const std::weak_ptr<Batchers> both = b;
   b->claims = std::make_shared<ClaimBatcher>(
       home, ClaimBatcher::Options{max_size, 1, !core->lone_calls_batched},
-      [weak](std::vector<ClaimBatcher::SlotPtr>& batch) {
-        return run_claim_batch(weak.lock(), batch);
+      [weak, both, max_size](std::vector<ClaimBatcher::SlotPtr>& batch) {
+        return claim_cycle(weak, both, max_size, batch);
       },
       result<ClaimResult>(broken));
   b->completions = std::make_shared<CompleteBatcher>(
       home, CompleteBatcher::Options{max_size, 1, !core->lone_calls_batched},
-      [weak](std::vector<CompleteBatcher::SlotPtr>& batch) {
-        return run_complete_batch(weak.lock(), batch);
+      [weak, both, max_size](std::vector<CompleteBatcher::SlotPtr>& batch) {
+        return completion_cycle(weak, both, max_size, batch);
       },
       result<Completed>(broken));
   for (auto kind : {FencedWrite::release, FencedWrite::renew}) {

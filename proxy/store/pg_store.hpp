@@ -94,6 +94,8 @@ class PgStore final : public Store {
     std::uint64_t renewal_batches = 0;
     std::uint64_t renewals_batched = 0;
     std::uint64_t batches_refused = 0;  // refused by the server, retried call by call
+    // Write cycles that carried claims and completions together (one commit for both).
+    std::uint64_t combined_cycles = 0;
   };
   BatchStats batch_stats() const noexcept;
 
@@ -122,11 +124,11 @@ const std::vector<pg::PreparedStatement>& pg_store_statements();
 // The planner settings PgStore's sessions run with (pg_store.cpp says why).
 const std::vector<pg::SessionSetting>& pg_store_session_settings();
 
-// Pool options for a PgStore: pg_store_statements() and pg_store_session_settings() on
-// every connection, acquire_timeout = statement_timeout.
 // "idemproxy schema=8": the application_name of the replica's sessions (`role` first).
 std::string replica_application_name(std::string_view role);
 
+// Pool options for a PgStore: pg_store_statements() and pg_store_session_settings() on
+// every connection, acquire_timeout = statement_timeout.
 pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
                                       Millis connect_timeout, Millis statement_timeout);
 

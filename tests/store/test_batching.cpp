@@ -315,6 +315,126 @@ TEST_CASE("batching: a member the server refuses fails alone; the others keep th
   CHECK(count_rows(h.sql(), "idempotency_key IN ('good-1', 'good-2') AND state = 'in_progress'", {}) == 2);
 }
 
+// Starts claims and completions in one pass of the event loop (all_at_once, for two kinds).
+struct Cycle {
+  std::vector<result<ClaimResult>> claims;
+  std::vector<result<Completed>> completions;
+};
+Cycle cycle_at_once(asio::io_context& ctx, std::vector<asio::awaitable<result<Completed>>> completions,
+                    std::vector<asio::awaitable<result<ClaimResult>>> claims) {
+  std::vector<std::future<result<Completed>>> done;
+  std::vector<std::future<result<ClaimResult>>> claimed;
+  for (auto& c : completions) done.push_back(asio::co_spawn(ctx, std::move(c), asio::use_future));
+  for (auto& c : claims) claimed.push_back(asio::co_spawn(ctx, std::move(c), asio::use_future));
+  ctx.restart();
+  ctx.run();
+  Cycle out;
+  for (auto& f : claimed) out.claims.push_back(f.get());
+  for (auto& f : done) out.completions.push_back(f.get());
+  return out;
+}
+
+// The transactions that last wrote the rows of these keys: rows written by one
+// transaction carry its id (xmin), so one id is one commit.
+std::int64_t writers(test::Db& db, const std::vector<std::string>& keys) {
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "'" : ", '") + k + "'";
+  return db.scalar_int("SELECT count(DISTINCT xmin::text) FROM idempotency_requests"
+                       " WHERE idempotency_key IN (" + list + ")");
+}
+
+TEST_CASE("batching: claims and completions ready at the same moment share one transaction") {
+  test::PgHarness h;
+  store::PgStore single(h.pool(), store::PgStore::ClaimRead::never, {false});
+  auto claim = [&](const std::string& key) {
+    auto r = h.run(single.claim(claim_req("tenant-a", "POST /orders", key, "fp-" + key)));
+    REQUIRE(r.has_value());
+    REQUIRE(r->won);
+    return r->owner.fence;
+  };
+  const RecordId a{"tenant-a", "POST /orders", "a"}, b{"tenant-b", "POST /orders", "b"};
+  const auto fa = claim("a");
+  const auto fb = h.run(single.claim(claim_req("tenant-b", "POST /orders", "b", "fp-b"))).value().owner.fence;
+  const auto stale = claim("s");
+  REQUIRE(h.run(single.release({"tenant-a", "POST /orders", "s"}, stale)).value());
+  const auto fs = claim("s");
+
+  store::PgStore s(h.pool(), store::PgStore::ClaimRead::always);
+  // The calls take their arguments by reference: they live until the calls are done.
+  const auto ra = response(201, "1"), rb = response(201, "2");
+  const RecordId sid{"tenant-a", "POST /orders", "s"};
+  std::vector<asio::awaitable<result<Completed>>> completions;
+  completions.push_back(s.complete(a, fa, ra, 1h));
+  completions.push_back(s.complete(b, fb, rb, 1h));
+  completions.push_back(s.complete(sid, stale, rb, 1h));  // fenced
+  const std::vector<ClaimRequest> reqs = {
+      claim_req("tenant-a", "POST /orders", "c", "fp-c"),
+      claim_req("tenant-b", "POST /orders", "d", "fp-d"),
+      claim_req("tenant-a", "POST /orders", "a", "fp-a"),  // a retry of a
+  };
+  std::vector<asio::awaitable<result<ClaimResult>>> claims;
+  for (const auto& r : reqs) claims.push_back(s.claim(r));
+  auto out = cycle_at_once(h.ctx(), std::move(completions), std::move(claims));
+
+  CHECK(s.batch_stats().combined_cycles == 1);
+  CHECK(s.batch_stats().claim_batches == 1);
+  CHECK(s.batch_stats().completion_batches == 1);
+  for (auto& r : out.completions) REQUIRE(r.has_value());
+  for (auto& r : out.claims) REQUIRE(r.has_value());
+  CHECK(out.completions[0]->outcome == Completion::recorded);
+  CHECK(out.completions[1]->outcome == Completion::recorded);
+  CHECK(out.completions[2]->outcome == Completion::fenced);
+  CHECK(out.claims[0]->won);
+  CHECK(out.claims[1]->won);
+  // The retry of a reads a completed in this very cycle: the completions go first.
+  CHECK_FALSE(out.claims[2]->won);
+  REQUIRE(out.claims[2]->row.has_value());
+  CHECK(out.claims[2]->row->state == store::State::completed);
+  REQUIRE(out.claims[2]->row->response.has_value());
+  CHECK(out.claims[2]->row->response->body == "1");
+  // One transaction wrote both completions and both claims; the fenced one wrote nothing.
+  CHECK(writers(h.sql(), {"a", "b", "c", "d"}) == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key IN ('a', 'b') AND state = 'completed'", {}) == 2);
+  CHECK(count_rows(h.sql(), "idempotency_key IN ('c', 'd') AND state = 'in_progress'", {}) == 2);
+  CHECK(count_rows(h.sql(), "idempotency_key = 's' AND state = 'in_progress' AND fencing_token = $1::bigint",
+                   {std::to_string(fs)}) == 1);
+  CHECK(h.row_count() == 5);
+}
+
+TEST_CASE("batching: a cycle the server refuses runs every member alone; each keeps its own outcome") {
+  test::PgHarness h;
+  store::PgStore single(h.pool(), store::PgStore::ClaimRead::never, {false});
+  const RecordId a{"tenant-a", "POST /orders", "a"};
+  const auto fa = h.run(single.claim(claim_req("tenant-a", "POST /orders", "a", "fp-a"))).value().owner.fence;
+
+  store::PgStore s(h.pool());
+  const auto ra = response(201, "1");
+  std::vector<asio::awaitable<result<Completed>>> completions;
+  completions.push_back(s.complete(a, fa, ra, 1h));
+  const std::vector<ClaimRequest> reqs = {
+      claim_req("tenant-a", "POST /orders", "good-1", "fp"),
+      // Not UTF-8: PostgreSQL refuses it (22021), and with it the cycle's transaction.
+      claim_req("tenant-a", "POST /orders", "bad-\xff\xfe", "fp"),
+  };
+  std::vector<asio::awaitable<result<ClaimResult>>> claims;
+  for (const auto& r : reqs) claims.push_back(s.claim(r));
+  auto out = cycle_at_once(h.ctx(), std::move(completions), std::move(claims));
+
+  CHECK(s.batch_stats().combined_cycles == 1);
+  CHECK(s.batch_stats().batches_refused == 2);  // the cycle's claims and its completions
+  REQUIRE(out.completions[0].has_value());
+  CHECK(out.completions[0]->outcome == Completion::recorded);
+  REQUIRE(out.claims[0].has_value());
+  CHECK(out.claims[0]->won);
+  REQUIRE_FALSE(out.claims[1].has_value());
+  CHECK(out.claims[1].error() == errc::store_protocol);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'a' AND state = 'completed'", {}) == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'good-1' AND state = 'in_progress'", {}) == 1);
+  CHECK(h.row_count() == 2);
+  // Each went again on its own: two transactions.
+  CHECK(writers(h.sql(), {"a", "good-1"}) == 2);
+}
+
 TEST_CASE("batching: two replicas' batches over the same keys in opposite orders: no deadlock, one winner per key") {
   test::PgHarness h;
   store::PgStore here(h.pool());
