@@ -5,6 +5,7 @@
 #include <mutex>
 #include <initializer_list>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 #include <string>
 #include <utility>
@@ -1258,32 +1259,22 @@ namespace {
 // completions the claims (run_cycle): both batchers are of the same home loop, so the
 // other's queue is read on its own thread. What is taken is answered by this batch and
 // settled by its own batcher (a slot left undecided gets that batcher's failure).
-asio::awaitable<void> claim_cycle(std::weak_ptr<PgStore::Core> core,
-                                  std::weak_ptr<PgStore::Batchers> batchers, std::size_t max_size,
-                                  std::vector<ClaimBatcher::SlotPtr>& claims) {
-  const auto b = batchers.lock();
-  std::vector<CompleteBatcher::SlotPtr> completions;
-  if (b) completions = b->completions->take(max_size);
+template <class Partner, class Slots>
+asio::awaitable<void> run_with_partner(std::weak_ptr<PgStore::Core> core,
+                                       std::shared_ptr<Partner> partner, std::size_t max_size,
+                                       Slots& own) {
+  auto taken = partner ? partner->take(max_size) : decltype(partner->take(0)){};
   try {
-    co_await run_cycle(core.lock(), claims, completions);
+    if constexpr (std::is_same_v<Slots, std::vector<ClaimBatcher::SlotPtr>>) {
+      co_await run_cycle(core.lock(), own, taken);
+    } else {
+      co_await run_cycle(core.lock(), taken, own);
+    }
   } catch (...) {
-    // As in a batch of the completions' own: they fail below, the claims in their batcher.
+    // As in a batch of the partner's own: what it left undecided fails below; this
+    // batch's own slots fail in their batcher.
   }
-  if (b) b->completions->settle(completions);
-}
-
-asio::awaitable<void> completion_cycle(std::weak_ptr<PgStore::Core> core,
-                                       std::weak_ptr<PgStore::Batchers> batchers,
-                                       std::size_t max_size,
-                                       std::vector<CompleteBatcher::SlotPtr>& completions) {
-  const auto b = batchers.lock();
-  std::vector<ClaimBatcher::SlotPtr> claims;
-  if (b) claims = b->claims->take(max_size);
-  try {
-    co_await run_cycle(core.lock(), claims, completions);
-  } catch (...) {
-  }
-  if (b) b->claims->settle(claims);
+  if (partner) partner->settle(taken);
 }
 
 }  // namespace
@@ -1323,13 +1314,15 @@ std::shared_ptr<PgStore::Batchers> PgStore::make_batchers(const std::shared_ptr<
   b->claims = std::make_shared<ClaimBatcher>(
       home, ClaimBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak, both, max_size](std::vector<ClaimBatcher::SlotPtr>& batch) {
-        return claim_cycle(weak, both, max_size, batch);
+        const auto b = both.lock();
+        return run_with_partner(weak, b ? b->completions : nullptr, max_size, batch);
       },
       result<ClaimResult>(broken));
   b->completions = std::make_shared<CompleteBatcher>(
       home, CompleteBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak, both, max_size](std::vector<CompleteBatcher::SlotPtr>& batch) {
-        return completion_cycle(weak, both, max_size, batch);
+        const auto b = both.lock();
+        return run_with_partner(weak, b ? b->claims : nullptr, max_size, batch);
       },
       result<Completed>(broken));
   for (auto kind : {FencedWrite::release, FencedWrite::renew}) {

@@ -346,18 +346,15 @@ std::int64_t writers(test::Db& db, const std::vector<std::string>& keys) {
 TEST_CASE("batching: claims and completions ready at the same moment share one transaction") {
   test::PgHarness h;
   store::PgStore single(h.pool(), store::PgStore::ClaimRead::never, {false});
-  auto claim = [&](const std::string& key) {
-    auto r = h.run(single.claim(claim_req("tenant-a", "POST /orders", key, "fp-" + key)));
-    REQUIRE(r.has_value());
-    REQUIRE(r->won);
-    return r->owner.fence;
+  auto claim = [&](const std::string& tenant, const std::string& key) {
+    return h.run(single.claim(claim_req(tenant, "POST /orders", key, "fp-" + key))).value().owner.fence;
   };
   const RecordId a{"tenant-a", "POST /orders", "a"}, b{"tenant-b", "POST /orders", "b"};
-  const auto fa = claim("a");
-  const auto fb = h.run(single.claim(claim_req("tenant-b", "POST /orders", "b", "fp-b"))).value().owner.fence;
-  const auto stale = claim("s");
+  const auto fa = claim("tenant-a", "a");
+  const auto fb = claim("tenant-b", "b");
+  const auto stale = claim("tenant-a", "s");
   REQUIRE(h.run(single.release({"tenant-a", "POST /orders", "s"}, stale)).value());
-  const auto fs = claim("s");
+  const auto fs = claim("tenant-a", "s");
 
   store::PgStore s(h.pool(), store::PgStore::ClaimRead::always);
   // The calls take their arguments by reference: they live until the calls are done.

@@ -57,6 +57,17 @@ const std::string kHeaders = R"([["content-type","application/json"],["location"
 constexpr int kKeys = 600;
 constexpr int kBatch = 8;
 
+// Every completion since `before` counted, and at least 90 % of them HOT.
+void check_hot_share(test::Db& sql, const Updates& before) {
+  const auto after = updates(sql);
+  const auto all = after.all - before.all;
+  const auto hot = after.hot - before.hot;
+  CHECK(all == kKeys);
+  INFO(hot << " of " << all << " completions HOT");
+  CHECK(hot * 100 >= all * 90);
+  sql.exec("TRUNCATE idempotency_requests CASCADE");
+}
+
 }  // namespace
 
 TEST_CASE("lean record: completions are HOT updates (single statements)") {
@@ -75,13 +86,7 @@ TEST_CASE("lean record: completions are HOT updates (single statements)") {
                    {"tenant-hot", "POST /orders", key, fence, "201", kHeaders, kBody, "false",
                     "ord-" + std::to_string(i), "86400000", ""}) == 1);
   }
-  const auto after = updates(sql);
-  const auto all = after.all - before.all;
-  const auto hot = after.hot - before.hot;
-  CHECK(all == kKeys);
-  INFO(hot << " of " << all << " completions HOT");
-  CHECK(hot * 100 >= all * 90);
-  sql.exec("TRUNCATE idempotency_requests CASCADE");
+  check_hot_share(sql, before);
 }
 
 TEST_CASE("lean record: completions are HOT updates (batched statements)") {
@@ -130,11 +135,5 @@ TEST_CASE("lean record: completions are HOT updates (batched statements)") {
                      array(std::vector<std::string>(kBatch, ""))})
               .size() == kBatch);
   }
-  const auto after = updates(sql);
-  const auto all = after.all - before.all;
-  const auto hot = after.hot - before.hot;
-  CHECK(all == kKeys);
-  INFO(hot << " of " << all << " completions HOT");
-  CHECK(hot * 100 >= all * 90);
-  sql.exec("TRUNCATE idempotency_requests CASCADE");
+  check_hot_share(sql, before);
 }
