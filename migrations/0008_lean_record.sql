@@ -12,10 +12,14 @@
 --
 -- A completion also grows the row (the answer's status, headers and body): a HOT update
 -- needs that room in the row's own page, and a page filled to the brim by claims has none.
--- fillfactor 75 keeps a quarter of each new page for the completions of the claims on it:
+-- fillfactor 50 keeps half of each new page for the completions of the claims on it.
 -- tests/store/test_hot_updates.cpp measured, for batches of 8 claims then their 8
 -- completions with a 320-byte body, 69 % of completions HOT at fillfactor 100, 88 % at 85,
--- 98 % at 75. It applies to pages filled from now on; nothing is rewritten.
+-- 98 % at 75; but the more claims are in flight at once, the more of them share the page
+-- being filled: scripts/bench's new keys were 81 % HOT at 32 connections and 55 % at 64
+-- with fillfactor 75, 92 % and 89 % with 50, for a table about a quarter larger per
+-- record (docs/performance.md, "The lean record"). It applies to pages filled from now
+-- on; nothing is rewritten.
 --
 -- Here: the backend's own completion (migration 0004) keeps expires_at the same way.
 -- Replicas of 0.2.0 (schema 7) keep serving: their statements set expires_at at
@@ -77,4 +81,4 @@ SET lock_timeout = '5s';
 -- Setting a storage parameter is one statement that runs again to the same end: the
 -- migrator runs it in a transaction of its own (on each partition, where partitioned).
 -- squawk-ignore prefer-robust-stmts
-ALTER TABLE idempotency_requests SET (fillfactor = 75);
+ALTER TABLE idempotency_requests SET (fillfactor = 50);

@@ -82,7 +82,7 @@ BEGIN
       'CREATE TABLE %I PARTITION OF idempotency_requests FOR VALUES WITH (MODULUS %s, REMAINDER %s)'
       ' WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,'
       ' autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,'
-      ' fillfactor = 75)',
+      ' fillfactor = 50)',
       'idempotency_requests_p' || i, partitions, i);
   END LOOP;
 

@@ -112,7 +112,7 @@ TEST_CASE("contract migrations: a database migrated from nothing takes them at o
   // And the lean record's room for HOT completions.
   CHECK(db.scalar("SELECT array_to_string(reloptions, ',') FROM pg_class"
                   " WHERE oid = 'idempotency_requests'::regclass")
-            ->find("fillfactor=75") != std::string::npos);
+            ->find("fillfactor=50") != std::string::npos);
 }
 
 TEST_CASE("migration steps: storage parameters and a dropped index on a partitioned table") {
