@@ -28,12 +28,19 @@
 // back to the caller's own loop. Only the slot crosses threads; `decided` (written last by
 // the home thread, with release order) tells the caller that `out` and `alone` are final.
 // Items must then own what they carry: a remote caller may be gone while its slot runs.
+// Crossings are coalesced: remote calls land in an inbox (a mutex, held for a push or a
+// swap) that one posted handler drains, and the callers of one loop that a batch decides
+// are woken by one handler posted to that loop. A post to a sleeping loop costs it a
+// wake-up (an epoll_ctl on its interrupter and a context switch); per call, those were a
+// fifth of the CPU a new key cost the second worker (docs/performance.md).
 #include <atomic>
 #include <cstddef>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/any_io_executor.hpp>
@@ -104,7 +111,7 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     slot->wake.expires_at(asio::steady_timer::time_point::max());
     QueueGuard guard{this->shared_from_this(), slot};
     if (remote) {
-      asio::post(home_, [self = this->shared_from_this(), slot] { self->enqueue(slot); });
+      post_to_inbox(slot);
     } else {
       enqueue(slot);
     }
@@ -142,10 +149,12 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   // Answers and wakes the callers of taken slots: an undecided one gets `failure`, as in
   // a batch of this batcher's own. Home thread.
   void settle(std::vector<SlotPtr>& taken) {
+    RemoteWakes wakes;
     for (auto& s : taken) {
       if (!s->out && !s->alone) s->out = failure_;
-      finish(s);
+      finish(s, &wakes);
     }
+    wakes.post();
   }
 
  private:
@@ -163,6 +172,28 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
       }
     }
   };
+
+  // Remote side: the first call into an empty inbox posts the handler that drains it;
+  // later ones ride along. A call withdrawn before the drain is marked abandoned by
+  // unqueue() (posted after its push), and the drain drops it.
+  void post_to_inbox(const SlotPtr& slot) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mutex_);
+      first = inbox_.empty();
+      inbox_.push_back(slot);
+    }
+    if (first) asio::post(home_, [self = this->shared_from_this()] { self->drain_inbox(); });
+  }
+
+  void drain_inbox() {
+    std::vector<SlotPtr> arrived;
+    {
+      std::lock_guard<std::mutex> lock(inbox_mutex_);
+      arrived.swap(inbox_);
+    }
+    for (const auto& slot : arrived) enqueue(slot);
+  }
 
   void enqueue(const SlotPtr& slot) {
     if (slot->abandoned) {
@@ -189,16 +220,43 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     }
   }
 
-  // Publishes the decision and wakes the caller on its own loop.
-  static void finish(const SlotPtr& slot) {
+  // The remote callers a batch decided, by their loop: one posted handler per loop wakes
+  // them all (a handful of loops at most, so a vector).
+  struct RemoteWakes {
+    std::vector<std::pair<asio::any_io_executor, std::vector<SlotPtr>>> by_loop;
+    void add(const SlotPtr& slot) {
+      const auto& ex = slot->wake.get_executor();
+      for (auto& [loop, slots] : by_loop) {
+        if (loop == ex) {
+          slots.push_back(slot);
+          return;
+        }
+      }
+      by_loop.emplace_back(ex, std::vector<SlotPtr>{slot});
+    }
+    void post() {
+      for (auto& [loop, slots] : by_loop) {
+        asio::post(loop, [woken = std::move(slots)] {
+          for (const auto& s : woken) s->wake.cancel();
+        });
+      }
+      by_loop.clear();
+    }
+  };
+
+  // Publishes the decision and wakes the caller on its own loop: at once, or through
+  // `wakes` (posted by the caller of finish) for a remote caller when given.
+  static void finish(const SlotPtr& slot, RemoteWakes* wakes = nullptr) {
     if (slot->woken) return;
     slot->woken = true;
     slot->owner->pending_.fetch_sub(1, std::memory_order_relaxed);
     slot->decided.store(true, std::memory_order_release);
-    if (slot->remote) {
-      asio::post(slot->wake.get_executor(), [slot] { slot->wake.cancel(); });
-    } else {
+    if (!slot->remote) {
       slot->wake.cancel();
+    } else if (wakes != nullptr) {
+      wakes->add(slot);
+    } else {
+      asio::post(slot->wake.get_executor(), [slot] { slot->wake.cancel(); });
     }
   }
 
@@ -235,6 +293,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   Runner runner_;
   Out failure_;
   std::deque<SlotPtr> queue_;
+  std::mutex inbox_mutex_;       // guards inbox_ only; taken by remote callers and home
+  std::vector<SlotPtr> inbox_;   // remote calls not yet queued (post_to_inbox)
   std::size_t in_flight_ = 0;
   // Slots submitted and not yet decided or withdrawn, from every loop (the idle hint).
   std::atomic<std::size_t> pending_{0};
