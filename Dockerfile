@@ -32,7 +32,8 @@ RUN set -eux; \
         libpq-dev \
         libssl-dev \
         libyaml-cpp-dev \
-        libspdlog-dev; \
+        libspdlog-dev \
+        libjemalloc-dev; \
     rm -rf /var/lib/apt/lists/*
 
 WORKDIR /src
@@ -86,6 +87,7 @@ RUN set -eux; \
         libyaml-cpp0.7 \
         libspdlog1.10 \
         libfmt9 \
+        libjemalloc2 \
         ca-certificates; \
     apt-get clean; \
     rm -rf /var/lib/apt/lists/* /var/cache/debconf/*-old /var/log/apt /var/log/dpkg.log

@@ -13,7 +13,7 @@
 idem_build_packages=(
   build-essential cmake pkg-config
   libboost1.81-dev libboost-json1.81-dev
-  libpq-dev libssl-dev libyaml-cpp-dev libspdlog-dev doctest-dev
+  libpq-dev libssl-dev libyaml-cpp-dev libspdlog-dev doctest-dev libjemalloc-dev
 )
 # scripts/fuzz: clang and its libFuzzer/sanitizer runtimes, llvm-profdata/llvm-cov for
 # --coverage (Debian 12's LLVM 14; the fuzz build uses clang++-14 explicitly).
