@@ -1,9 +1,9 @@
 #pragma once
 // Natural batching of concurrent store calls on one event loop (internal to store/).
 //
-// A call is queued; if fewer than `max_in_flight` batches are running, a batch starts at
-// once with everything queued (up to `max_size`), so at low load a lone call goes out
-// alone after one pass of the event loop, with no timer. While a batch is in flight the
+// A call is queued; if its lane has room (fewer than `max_in_flight` batches running), a
+// batch starts at once with everything queued (up to `max_size`), so at low load a lone
+// call goes out alone after one pass of the event loop, with no timer. While a batch is in flight the
 // calls that arrive meanwhile queue up and leave together as the next batch, the moment
 // the running one is done: the busier the store, the larger the batches, and never a
 // wait for a batch to fill.
@@ -12,6 +12,14 @@
 // could not decide this call: the caller runs it on its own, e.g. after the batch's
 // statement failed). A slot it leaves undecided, or every slot of a runner that threw,
 // gets `failure`. A caller is woken as soon as its slot is decided.
+//
+// A lane is the right to run batches, shared by the batchers whose batches must not
+// overlap: the claims and the completions of one store share one lane, so that one write
+// cycle carries both and the next waits for it; the busier the store, the larger each
+// cycle (with a lane each, a claim cycle and a completion cycle ran at once, each about
+// half as large: docs/performance.md, "One write lane"). A batcher whose lane is full
+// waits in the lane and starts when a batch of any batcher on it ends. By default each
+// batcher has a lane of its own.
 //
 // Lifetimes: the Batcher lives in a shared_ptr; a running batch holds it. A slot is
 // shared by its caller and the batch, so neither outlives the other's writes. A caller
@@ -57,6 +65,32 @@
 
 namespace idem::store::detail {
 
+// The batches that may run at once, for the batchers that share it. Home thread only.
+class BatchLane {
+ public:
+  explicit BatchLane(std::size_t max_in_flight = 1)
+      : max_(max_in_flight < 1 ? 1 : max_in_flight) {}
+
+  bool try_enter() {
+    if (in_flight_ >= max_) return false;
+    ++in_flight_;
+    return true;
+  }
+  // A batcher that found the lane full: `start` runs when a batch ends.
+  void wait(std::function<void()> start) { waiting_.push_back(std::move(start)); }
+  void leave() {
+    --in_flight_;
+    auto waiting = std::move(waiting_);
+    waiting_.clear();
+    for (auto& start : waiting) start();  // the first takes the room, the others wait again
+  }
+
+ private:
+  std::size_t max_;
+  std::size_t in_flight_ = 0;
+  std::vector<std::function<void()>> waiting_;
+};
+
 template <class Item, class Out>
 class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
  public:
@@ -90,11 +124,15 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     bool remote_alone_when_idle = true;
   };
 
-  Batcher(asio::any_io_executor home, Options options, Runner runner, Out failure)
+  // `lane`: shared with other batchers of the same home loop, or null for a lane of its
+  // own of `options.max_in_flight` batches.
+  Batcher(asio::any_io_executor home, Options options, Runner runner, Out failure,
+          std::shared_ptr<BatchLane> lane = nullptr)
       : home_(std::move(home)),
         options_(options),
         runner_(std::move(runner)),
-        failure_(std::move(failure)) {}
+        failure_(std::move(failure)),
+        lane_(lane ? std::move(lane) : std::make_shared<BatchLane>(options.max_in_flight)) {}
 
   // The call's answer, or nullopt: run it alone. `cancelled` is what a caller whose wait
   // was cancelled gets (its call may still run, as a call cancelled in flight may).
@@ -144,6 +182,9 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
       queue_.pop_front();
       taken.back()->queued = false;
     }
+    // These calls leave in another batcher's batch: that is this batcher's last batch too
+    // (the load hint of remote_alone_when_idle).
+    if (!taken.empty()) last_size_.store(taken.size(), std::memory_order_relaxed);
     return taken;
   }
 
@@ -262,16 +303,27 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   }
 
   void start() {
-    if (in_flight_ >= options_.max_in_flight) return;
-    ++in_flight_;
+    if (waiting_for_lane_) return;  // started when the lane has room
+    if (!lane_->try_enter()) {
+      // Full: a running batch of this batcher takes the call when it loops, one of another
+      // batcher on the lane leaves it queued, and then this batcher starts next.
+      waiting_for_lane_ = true;
+      lane_->wait([weak = this->weak_from_this()] {
+        auto self = weak.lock();
+        if (!self) return;
+        self->waiting_for_lane_ = false;
+        if (!self->queue_.empty()) self->start();
+      });
+      return;
+    }
     asio::co_spawn(home_, drive(this->shared_from_this(), home_), [](std::exception_ptr) {});
   }
 
-  // Runs batches while calls are queued; the in-flight count covers the whole loop.
+  // Runs batches while calls are queued; holds its room in the lane for the whole loop.
   static asio::awaitable<void> drive(std::shared_ptr<Batcher> self, asio::any_io_executor ex) {
     struct InFlight {
       Batcher& b;
-      ~InFlight() { --b.in_flight_; }
+      ~InFlight() { b.lane_->leave(); }
     } in_flight{*self};
     // One pass of the event loop first: calls that are ready to run in the same pass
     // (other requests' claims) join this batch instead of starting the next one.
@@ -279,7 +331,6 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
     for (;;) {
       std::vector<SlotPtr> batch = self->take(self->options_.max_size);
       if (batch.empty()) co_return;
-      self->last_size_.store(batch.size(), std::memory_order_relaxed);
       try {
         co_await self->runner_(batch);
       } catch (...) {
@@ -296,7 +347,8 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
   std::deque<SlotPtr> queue_;
   std::mutex inbox_mutex_;       // guards inbox_ only; taken by remote callers and home
   std::vector<SlotPtr> inbox_;   // remote calls not yet queued (post_to_inbox)
-  std::size_t in_flight_ = 0;
+  std::shared_ptr<BatchLane> lane_;
+  bool waiting_for_lane_ = false;  // home thread: waiting in lane_ for room
   // Slots submitted and not yet decided or withdrawn, from every loop (the idle hint).
   std::atomic<std::size_t> pending_{0};
   std::atomic<std::size_t> last_size_{0};  // calls in the last batch taken (the load hint)

@@ -1311,20 +1311,24 @@ std::shared_ptr<PgStore::Batchers> PgStore::make_batchers(const std::shared_ptr<
   // The batchers hold each other weakly through `b` (each takes the other's queue), and
   // the stores hold `b`.
   const std::weak_ptr<Batchers> both = b;
+  // One write cycle at a time: a claim batch takes the queued completions along and a
+  // completion batch the claims (run_with_partner), and the next cycle, whichever kind
+  // starts it, waits for the running one (batcher.hpp, "lane").
+  const auto writes = std::make_shared<detail::BatchLane>(1);
   b->claims = std::make_shared<ClaimBatcher>(
       home, ClaimBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak, both, max_size](std::vector<ClaimBatcher::SlotPtr>& batch) {
         const auto b = both.lock();
         return run_with_partner(weak, b ? b->completions : nullptr, max_size, batch);
       },
-      result<ClaimResult>(broken));
+      result<ClaimResult>(broken), writes);
   b->completions = std::make_shared<CompleteBatcher>(
       home, CompleteBatcher::Options{max_size, 1, !core->lone_calls_batched},
       [weak, both, max_size](std::vector<CompleteBatcher::SlotPtr>& batch) {
         const auto b = both.lock();
         return run_with_partner(weak, b ? b->claims : nullptr, max_size, batch);
       },
-      result<Completed>(broken));
+      result<Completed>(broken), writes);
   for (auto kind : {FencedWrite::release, FencedWrite::renew}) {
     auto batcher = std::make_shared<FencedBatcher>(
         home, FencedBatcher::Options{max_size, 1, !core->lone_calls_batched},

@@ -432,6 +432,68 @@ TEST_CASE("batching: a cycle the server refuses runs every member alone; each ke
   CHECK(writers(h.sql(), {"a", "good-1"}) == 2);
 }
 
+// Runs the handlers that are ready now (and those they make ready), without waiting.
+void poll_ready(asio::io_context& ctx) {
+  if (ctx.stopped()) ctx.restart();
+  ctx.poll();
+}
+
+TEST_CASE("batching: one write cycle at a time: a completion that arrives while a claim cycle runs leaves with the next one") {
+  test::PgHarness h;
+  store::PgStore single(h.pool(), store::PgStore::ClaimRead::never, {false});
+  const RecordId a{"tenant-a", "POST /orders", "a"};
+  const auto fa = h.run(single.claim(claim_req("tenant-a", "POST /orders", "a", "fp-a"))).value().owner.fence;
+
+  // Another session inserts key x and keeps its transaction open: a claim of x waits in
+  // PostgreSQL for it, and so keeps the store's write cycle in flight as long as the test
+  // wants.
+  test::Db blocker(test::store_database().url());
+  blocker.exec("BEGIN");
+  blocker.exec(
+      "INSERT INTO idempotency_requests (tenant_id, endpoint, idempotency_key, request_fingerprint,"
+      " state, attempt_token, lease_expires_at, created_at, expires_at)"
+      " VALUES ('tenant-a', 'POST /orders', 'x', 'fp-other', 'in_progress', 1,"
+      " now() + interval '30 seconds', now(), now() + interval '1 hour')");
+
+  store::PgStore s(h.pool());
+  auto& ctx = h.ctx();
+  const auto rx = claim_req("tenant-a", "POST /orders", "x", "fp-x");
+  auto x = asio::co_spawn(ctx, s.claim(rx), asio::use_future);
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (h.sql().scalar_int("SELECT count(*) FROM pg_stat_activity WHERE application_name ="
+                            " 'idem-store-test' AND wait_event_type = 'Lock'") == 0) {
+    REQUIRE_MESSAGE(std::chrono::steady_clock::now() < deadline, "the claim of x never waited for the blocker");
+    poll_ready(ctx);
+  }
+  // The cycle of x is in flight. A completion arrives (with a lane per kind it would start
+  // a cycle of its own at once, here), then a claim of another key.
+  const auto ra = response(201, "1");
+  auto done = asio::co_spawn(ctx, s.complete(a, fa, ra, 1h), asio::use_future);
+  poll_ready(ctx);
+  const auto ry = claim_req("tenant-a", "POST /orders", "y", "fp-y");
+  auto y = asio::co_spawn(ctx, s.claim(ry), asio::use_future);
+  poll_ready(ctx);
+
+  blocker.exec("ROLLBACK");  // x's cycle goes on: it wins x and commits
+  ctx.restart();
+  ctx.run();
+  const auto rx_out = x.get(), ry_out = y.get();
+  const auto done_out = done.get();
+  REQUIRE(rx_out.has_value());
+  REQUIRE(ry_out.has_value());
+  REQUIRE(done_out.has_value());
+  CHECK(rx_out->won);
+  CHECK(ry_out->won);
+  CHECK(done_out->outcome == Completion::recorded);
+  // The completion and the later claim left together, as the next cycle: one transaction.
+  CHECK(writers(h.sql(), {"a", "y"}) == 1);
+  CHECK(writers(h.sql(), {"a", "x", "y"}) == 2);
+  CHECK(s.batch_stats().combined_cycles == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key = 'a' AND state = 'completed'", {}) == 1);
+  CHECK(count_rows(h.sql(), "idempotency_key IN ('x', 'y') AND state = 'in_progress'", {}) == 2);
+  CHECK(h.row_count() == 3);
+}
+
 TEST_CASE("batching: two replicas' batches over the same keys in opposite orders: no deadlock, one winner per key") {
   test::PgHarness h;
   store::PgStore here(h.pool());
