@@ -78,8 +78,11 @@ class BatchLane {
   }
   // A batcher that found the lane full: `start` runs when a batch ends.
   void wait(std::function<void()> start) { waiting_.push_back(std::move(start)); }
-  void leave() {
+  // `hand_on`: start the waiting batchers (false when the leaving batch's event loop is
+  // shutting down; they stay registered).
+  void leave(bool hand_on = true) {
     --in_flight_;
+    if (!hand_on) return;
     auto waiting = std::move(waiting_);
     waiting_.clear();
     for (auto& start : waiting) start();  // the first takes the room, the others wait again
@@ -321,16 +324,23 @@ class Batcher : public std::enable_shared_from_this<Batcher<Item, Out>> {
 
   // Runs batches while calls are queued; holds its room in the lane for the whole loop.
   static asio::awaitable<void> drive(std::shared_ptr<Batcher> self, asio::any_io_executor ex) {
+    // Leaves the lane however the loop ends; only a loop that ran out of calls hands the
+    // lane on. A frame destroyed while suspended (its event loop shut down) starts nothing:
+    // there is no loop left to run it.
     struct InFlight {
       Batcher& b;
-      ~InFlight() { b.lane_->leave(); }
+      bool done = false;
+      ~InFlight() { b.lane_->leave(done); }
     } in_flight{*self};
     // One pass of the event loop first: calls that are ready to run in the same pass
     // (other requests' claims) join this batch instead of starting the next one.
     co_await asio::post(ex, asio::use_awaitable);
     for (;;) {
       std::vector<SlotPtr> batch = self->take(self->options_.max_size);
-      if (batch.empty()) co_return;
+      if (batch.empty()) {
+        in_flight.done = true;
+        co_return;
+      }
       try {
         co_await self->runner_(batch);
       } catch (...) {
