@@ -1,0 +1,85 @@
+// The batcher's lane without a database (store/batcher.hpp): a batcher that finds the lane
+// held by another batcher's batch waits, and starts the moment that batch ends.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "store/batcher.hpp"
+
+namespace asio = boost::asio;
+using idem::store::detail::BatchLane;
+
+namespace {
+
+using IntBatcher = idem::store::detail::Batcher<int, int>;
+
+// Two batchers on one lane of one batch: `a`'s runner blocks on `gate` until the test
+// opens it; `b`'s answers at once. Each counts its batches.
+struct TwoOnOneLane {
+  explicit TwoOnOneLane(asio::io_context& io) : gate(io) {
+    gate.expires_at(asio::steady_timer::time_point::max());
+    auto lane = std::make_shared<BatchLane>(1);
+    IntBatcher::Options options;
+    a = std::make_shared<IntBatcher>(
+        io.get_executor(), options,
+        [this](std::vector<IntBatcher::SlotPtr>& batch) -> asio::awaitable<void> {
+          ++a_batches;
+          boost::system::error_code ec;
+          co_await gate.async_wait(asio::redirect_error(asio::use_awaitable, ec));
+          for (auto& s : batch) s->out = s->item;
+        },
+        -1, lane);
+    b = std::make_shared<IntBatcher>(
+        io.get_executor(), options,
+        [this](std::vector<IntBatcher::SlotPtr>& batch) -> asio::awaitable<void> {
+          ++b_batches;
+          for (auto& s : batch) s->out = s->item;
+          co_return;
+        },
+        -1, lane);
+  }
+  asio::steady_timer gate;
+  std::shared_ptr<IntBatcher> a, b;
+  int a_batches = 0, b_batches = 0;
+};
+
+asio::awaitable<void> call(std::shared_ptr<IntBatcher> batcher, int item, std::optional<int>& out) {
+  out = co_await batcher->submit(item, -2);
+}
+
+// Runs handlers until `done`. The bound only ends a run that would otherwise hang (a
+// caller left waiting forever); in a passing run a handler is always ready.
+template <class Pred>
+void run_until(asio::io_context& io, Pred done) {
+  while (!done() && io.run_one_for(std::chrono::seconds(5)) > 0) {
+  }
+}
+
+}  // namespace
+
+TEST_CASE("batch lane: a batcher that waits for the lane starts when the batch holding it ends") {
+  asio::io_context io;
+  TwoOnOneLane t(io);
+  std::optional<int> a_out, b_out;
+  asio::co_spawn(io, call(t.a, 1, a_out), asio::detached);
+  run_until(io, [&] { return t.a_batches == 1; });
+  asio::co_spawn(io, call(t.b, 2, b_out), asio::detached);
+  io.poll();
+  CHECK(t.b_batches == 0);  // the lane is held by a's batch
+  CHECK_FALSE(b_out);
+  t.gate.cancel();  // a's batch ends: b starts next
+  run_until(io, [&] { return a_out && b_out; });
+  CHECK(a_out == 1);
+  CHECK(b_out == 2);
+  CHECK(t.b_batches == 1);
+}
