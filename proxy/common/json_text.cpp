@@ -47,8 +47,25 @@ std::pair<std::size_t, bool> utf8_sequence(std::string_view s, std::size_t i) no
   return {need + 1, true};
 }
 
+namespace {
+
+// Printable ASCII other than '"' and '\\' goes out as it is.
+constexpr bool plain_json_byte(unsigned char u) noexcept {
+  return u >= 0x20 && u < 0x7f && u != '"' && u != '\\';
+}
+
+}  // namespace
+
 void append_json_escaped(std::string& out, std::string_view s) {
   for (std::size_t i = 0; i < s.size();) {
+    // Runs of plain bytes (nearly all of a log line's values) are appended whole.
+    std::size_t run = i;
+    while (run < s.size() && plain_json_byte(static_cast<unsigned char>(s[run]))) ++run;
+    if (run != i) {
+      out.append(s.data() + i, run - i);
+      i = run;
+      continue;
+    }
     const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
     if (u >= 0x80) {
