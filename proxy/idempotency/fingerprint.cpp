@@ -36,8 +36,10 @@
 #include "idempotency/fingerprint.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <stdexcept>
 
 #include <openssl/evp.h>
@@ -73,7 +75,9 @@ constexpr std::string_view kLogHashDomain = "idemproxy-log-hash/1";
 // ---------------------------------------------------------------- encoding helpers
 
 void put(std::string& out, std::string_view item) {
-  out.append(std::to_string(item.size()));
+  char length[24];
+  const auto end = std::to_chars(length, length + sizeof length, item.size()).ptr;
+  out.append(length, end);
   out.push_back(':');
   out.append(item);
   out.push_back('\n');
@@ -364,6 +368,7 @@ std::optional<std::string> canonical_form(const FingerprintSpec& spec, const Req
 
 std::string canonical_form(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
   std::string out;
+  out.reserve(256);  // the domain, version, method and scope, and a small body's selection
   put(out, kFingerprintDomain);
   put(out, FingerprintAccess::version(spec));
   put(out, request.method);
@@ -436,6 +441,7 @@ std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request
 
 std::string operation_id(std::string_view tenant, std::string_view scope, std::string_view key) {
   std::string in;
+  in.reserve(kOperationDomain.size() + tenant.size() + scope.size() + key.size() + 32);
   put(in, kOperationDomain);
   put(in, tenant);
   put(in, scope);
@@ -447,6 +453,7 @@ std::string log_hash(std::string_view tenant, std::string_view key) {
   // A separate domain tag: the log hash must not be a prefix of anything else we send
   // (operation ids go upstream; logs go to other people).
   std::string in;
+  in.reserve(kLogHashDomain.size() + tenant.size() + key.size() + 24);
   put(in, kLogHashDomain);
   put(in, tenant);
   put(in, key);
@@ -459,10 +466,15 @@ std::string sha256_hex(std::string_view data) {
   // these short inputs (three per protected request). Never freed: it lives as long as
   // the process, and OpenSSL's own cleanup at exit does not need it back.
   static EVP_MD* const sha256 = EVP_MD_fetch(nullptr, "SHA256", nullptr);
+  // One context per thread, initialised again for each digest: EVP_Digest makes and frees
+  // a context (and the provider's state in it) on every call.
+  thread_local const std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(),
+                                                                          &EVP_MD_CTX_free);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
-  if (sha256 == nullptr ||
-      EVP_Digest(data.data(), data.size(), md, &len, sha256, nullptr) != 1 || len != 32) {
+  if (sha256 == nullptr || ctx == nullptr || EVP_DigestInit_ex2(ctx.get(), sha256, nullptr) != 1 ||
+      EVP_DigestUpdate(ctx.get(), data.data(), data.size()) != 1 ||
+      EVP_DigestFinal_ex(ctx.get(), md, &len) != 1 || len != 32) {
     // Only a broken OpenSSL installation (no SHA-256 provider) or memory exhaustion
     // gets here. Returning anything would risk equal fingerprints for different
     // requests, i.e. replaying someone else's response; stopping is the safe failure.

@@ -162,7 +162,26 @@ void append_canonical(std::string& out, const Json& v) {
     void operator()(const Json::Object& o) const {
       // The map keeps UTF-8 byte order; RFC 8785 wants UTF-16 code-unit order. They
       // differ only between U+E000..U+FFFF and astral characters, but a canonical form
-      // that is "almost" the standard one is a trap for anyone re-implementing it.
+      // that is "almost" the standard one is a trap for anyone re-implementing it. ASCII
+      // keys (nearly all) are in both orders already: they go out in the map's order,
+      // unsorted.
+      const bool map_order = std::none_of(o.begin(), o.end(), [](const auto& m) {
+        return std::any_of(m.first.begin(), m.first.end(),
+                           [](char c) { return static_cast<unsigned char>(c) >= 0x80; });
+      });
+      if (map_order) {
+        out.push_back('{');
+        bool first = true;
+        for (const auto& [key, value] : o) {
+          if (!first) out.push_back(',');
+          first = false;
+          detail::append_json_string(out, key);
+          out.push_back(':');
+          append_canonical(out, value);
+        }
+        out.push_back('}');
+        return;
+      }
       std::vector<const Json::Object::value_type*> members;
       members.reserve(o.size());
       for (const auto& m : o) members.push_back(&m);
@@ -339,7 +358,19 @@ bool utf16_less(std::string_view a, std::string_view b) noexcept {
 
 void append_json_string(std::string& out, std::string_view s) {
   out.push_back('"');
-  for (const char c : s) {
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    // A run of bytes that go out literally (nearly every key and value) is appended whole.
+    std::size_t run = i;
+    while (run < s.size() && static_cast<unsigned char>(s[run]) >= 0x20 && s[run] != '"' &&
+           s[run] != '\\') {
+      ++run;
+    }
+    if (run != i) {
+      out.append(s.data() + i, run - i);
+      i = run - 1;
+      continue;
+    }
+    const char c = s[i];
     const auto u = static_cast<unsigned char>(c);
     switch (c) {
       case '"': out.append("\\\""); break;

@@ -1,6 +1,8 @@
 // Strict JSON parsing, exact numbers and RFC 8785-style canonical text.
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -384,6 +386,101 @@ TEST_CASE("canonical text: keys sort by UTF-16 code units (RFC 8785 3.2.3 exampl
       "Small Letter O With Diaeresis\",\"\xe2\x82\xac\":\"Euro Sign\",\"\xf0\x9f\x98\x80\":\"Emoji: "
       "Grinning Face\",\"\xef\xac\xb3\":\"Hebrew Letter Dalet With Dagesh\"}";
   CHECK(canon(in) == std::optional<std::string>(want));
+}
+
+namespace {
+
+// A JSON string as the definition reads: byte by byte.
+std::string reference_string(std::string_view s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      static constexpr std::string_view named = "btnvfr";  // \b \t \n (\v) \f \r
+      if (c == '\b' || c == '\t' || c == '\n' || c == '\f' || c == '\r') {
+        out += '\\';
+        out += named[static_cast<std::size_t>(u - 8)];
+      } else {
+        static constexpr char hex[] = "0123456789abcdef";
+        out += "\\u00";
+        out += hex[u >> 4];
+        out += hex[u & 15];
+      }
+    } else {
+      out += c;
+    }
+  }
+  return out + '"';
+}
+
+// The canonical text as the definition reads, without shortcuts: members sorted by
+// utf16_less, every string byte escaped or copied one at a time.
+void reference_canonical(std::string& out, const Json& v) {
+  if (const auto* o = v.as_object()) {
+    std::vector<const Json::Object::value_type*> members;
+    for (const auto& m : *o) members.push_back(&m);
+    std::sort(members.begin(), members.end(), [](const auto* a, const auto* b) {
+      return idem::idempotency::detail::utf16_less(a->first, b->first);
+    });
+    out += '{';
+    for (std::size_t i = 0; i < members.size(); ++i) {
+      if (i != 0) out += ',';
+      out += reference_string(members[i]->first);
+      out += ':';
+      reference_canonical(out, members[i]->second);
+    }
+    out += '}';
+  } else if (const auto* a = v.as_array()) {
+    out += '[';
+    for (std::size_t i = 0; i < a->size(); ++i) {
+      if (i != 0) out += ',';
+      reference_canonical(out, (*a)[i]);
+    }
+    out += ']';
+  } else if (const auto* str = std::get_if<std::string>(&v.value())) {
+    out += reference_string(*str);
+  } else {
+    out += canonical_text(v);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("canonical text: the fast paths agree with the definition (randomized)") {
+  // Keys and strings from a small alphabet that mixes ASCII (the unsorted fast path and
+  // runs copied whole) with characters whose UTF-8 and UTF-16 orders differ (U+E000 and
+  // an astral one), quotes, backslashes and control bytes (escaped one by one).
+  const std::vector<std::string> pieces = {"a", "B", "z", "0", " ", "~", "\"", "\\", "\n",
+                                           std::string(1, '\x01'), "\x7f", "\xc3\xa9",
+                                           "\xee\x80\x80", "\xf0\x9f\x98\x80"};
+  std::uint32_t seed = 12345;
+  const auto next = [&seed](std::uint32_t n) {
+    seed = seed * 1664525u + 1013904223u;
+    return (seed >> 8) % n;
+  };
+  const auto text = [&](bool ascii_only) {
+    std::string s;
+    const auto len = next(5);
+    for (std::uint32_t i = 0; i < len; ++i) s += pieces[next(ascii_only ? 10 : pieces.size())];
+    return s;
+  };
+  for (int round = 0; round < 500; ++round) {
+    const bool ascii_keys = round % 2 == 0;
+    Json::Object inner;
+    Json::Object outer;
+    for (std::uint32_t i = 0, n = 1 + next(6); i < n; ++i) inner.emplace(text(ascii_keys), Json(Json::Value(text(false))));
+    for (std::uint32_t i = 0, n = 1 + next(6); i < n; ++i) outer.emplace(text(ascii_keys), Json(Json::Value(text(false))));
+    outer.emplace("nested", Json(Json::Value(std::move(inner))));
+    const Json doc(Json::Value(std::move(outer)));
+    std::string want;
+    reference_canonical(want, doc);
+    CHECK(canonical_text(doc) == want);
+    const auto s = text(false);
+    CHECK(canonical_text(Json(Json::Value(s))) == reference_string(s));
+  }
 }
 
 TEST_CASE("utf16_less: where UTF-16 and UTF-8 byte order disagree") {
