@@ -26,7 +26,9 @@ store::Record row_of(const ReplayCache::Entry& e) {
 
 asio::awaitable<result<store::ClaimResult>> CachingStore::claim(const store::ClaimRequest& req) {
   if (!cache_.active()) co_return co_await inner_.claim(req);
-  const std::string op_id = operation_id_of(req.id);
+  std::string computed;
+  const std::string& op_id =
+      req.operation_id.empty() ? (computed = operation_id_of(req.id)) : req.operation_id;
   if (auto hit = cache_.find(op_id, req.id)) {
     store::ClaimResult lost;
     lost.row_read = true;

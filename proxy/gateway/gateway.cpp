@@ -755,8 +755,11 @@ std::optional<server::Response> admit(Gateway::Exchange& x) {
   }
   if (auto refused = admit_fingerprint(x)) return refused;
   if (auto refused = admit_principal(x)) return refused;
+  // Every protected request needs its operation id, for the replay cache's lookup or for
+  // the forward's headers: made once here.
+  x.operation_id = idempotency::operation_id(x.tenant, rs.scope, x.key);
   x.claim = store::ClaimRequest{store::RecordId{x.tenant, rs.scope, x.key}, x.fingerprint,
-                                x.principal, rs.lease, rs.retention};
+                                x.principal, rs.lease, rs.retention, x.operation_id};
   x.waiter_key = x.tenant + '\0' + rs.scope + '\0' + x.key;
   return std::nullopt;
 }

@@ -121,6 +121,9 @@ struct ClaimRequest {
   std::string principal;
   Millis lease{30000};
   Millis retention{24LL * 3600 * 1000};
+  // idempotency::operation_id of `id` when the caller already has it (the replay cache's
+  // key; one SHA-256 less per claim); empty: whoever needs it computes it.
+  std::string operation_id;
 };
 
 struct ClaimResult {
