@@ -1074,13 +1074,17 @@ struct CompletionPlan {
   Encoded update;
 };
 
+// The members first; their arrays only when the cycle sends the batched UPDATE.
 CompletionPlan plan_completions(std::vector<CompleteBatcher::SlotPtr>& batch) {
   CompletionPlan plan;
   plan.members = completion_members(batch);
+  return plan;
+}
+
+void encode_plan(CompletionPlan& plan, const std::vector<CompleteBatcher::SlotPtr>& batch) {
   plan.update = encode_completions(batch, plan.members);
   plan.member_keys.reserve(plan.members.size());
   for (std::size_t i : plan.members) plan.member_keys.push_back(full_key(batch[i]->item.id));
-  return plan;
 }
 
 // Each member learns whether its own write matched: a member the UPDATE did not return
@@ -1131,6 +1135,8 @@ asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
     }
     co_return;
   }
+  // A lone call above needs no arrays: encoded only now.
+  encode_plan(update, completions);
   std::vector<pg::Pool::Batched> statements;
   if (!update.members.empty()) {
     ++core->stats.completion_batches;
