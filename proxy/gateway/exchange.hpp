@@ -39,6 +39,9 @@ struct Gateway::Exchange {
   std::string fingerprint;
   std::string principal;
   bool check_principal = false;  // the configuration names a principal header
+  // The body's parsed model is read again after admission (examine(): its canonical form);
+  // otherwise the fingerprint consumes it.
+  bool keep_body_model = false;
   store::ClaimRequest claim;  // the record's id and what a claim of it writes
   std::string waiter_key;
   std::string operation_id;  // computed once, when first needed

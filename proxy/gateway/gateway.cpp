@@ -714,7 +714,11 @@ idempotency::RequestParts fingerprint_parts(const Gateway::Exchange& x, std::str
 std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
   std::string scope_and_path;
   const auto parts = fingerprint_parts(x, scope_and_path);
-  x.fingerprint = idempotency::fingerprint(x.route->fingerprint, parts, x.body->body);
+  // The model is read for nothing else afterwards (a body key was read before): the
+  // fingerprint takes it rather than copying the parsed tree.
+  x.fingerprint = x.keep_body_model
+                      ? idempotency::fingerprint(x.route->fingerprint, parts, x.body->body)
+                      : idempotency::fingerprint(x.route->fingerprint, parts, std::move(x.body->body));
   return std::nullopt;
 }
 
@@ -1222,6 +1226,7 @@ namespace idem::gateway {
 Examination examine(std::shared_ptr<const Runtime> runtime, server::Request& request,
                     const server::RequestContext& context) {
   Gateway::Exchange x{request, context, std::move(runtime)};
+  x.keep_body_model = true;  // its canonical form is shown below
   x.version = request.version();
   x.keep_alive = request.keep_alive();
   x.method = std::string(request.method_string());

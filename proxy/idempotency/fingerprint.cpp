@@ -56,6 +56,7 @@ struct FingerprintAccess {
   static const std::optional<std::vector<Pointer>>& fields(const FingerprintSpec& s) {
     return s.fields_;
   }
+  static bool fields_disjoint(const FingerprintSpec& s) { return s.fields_disjoint_; }
   static const std::vector<Pointer>& ignore(const FingerprintSpec& s) { return s.ignore_; }
   static const std::vector<std::pair<Pointer, Json>>& defaults(const FingerprintSpec& s) {
     return s.defaults_;
@@ -173,6 +174,39 @@ std::optional<Json> select(const Json& node, const std::vector<std::string>& seg
   return std::nullopt;
 }
 
+// select() on a body the caller owns and reads no more: the selected part is moved out.
+// Only for fields that no other field overlaps (fields_disjoint), or a later field would
+// find what an earlier one took.
+std::optional<Json> take(Json& node, const std::vector<std::string>& segs, std::size_t i,
+                         const Json& fallback) {
+  if (i == segs.size()) return std::move(node);
+  if (is_wildcard(segs[i])) {
+    auto* a = node.as_array();
+    if (a == nullptr) return std::nullopt;
+    Json::Array out;
+    out.reserve(a->size());
+    for (auto& e : *a) {
+      auto v = take(e, segs, i + 1, fallback);
+      out.push_back(v ? std::move(*v) : fallback);
+    }
+    return Json(Json::Value(std::move(out)));
+  }
+  if (Json* c = child(node, segs[i])) return take(*c, segs, i + 1, fallback);
+  return std::nullopt;
+}
+
+// Whether two field pointers can reach the same part of a body: one is a prefix of the
+// other, a '*' matching any segment.
+bool overlap(const Pointer& a, const Pointer& b) {
+  const std::size_t n = std::min(a.segments.size(), b.segments.size());
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& x = a.segments[i];
+    const auto& y = b.segments[i];
+    if (x != y && !is_wildcard(x) && !is_wildcard(y)) return false;
+  }
+  return true;
+}
+
 // Whether a default at `p` can influence what `field` selects: `p` lies at or below
 // `field`. A '*' on either side may stand for any array position.
 bool within(const Pointer& field, const Pointer& p) {
@@ -213,7 +247,8 @@ Json selection(const FingerprintSpec& spec, Json body) {
     for (const auto& [ptr, value] : defaults) {
       if (ptr.text == field.text) fallback = &value;
     }
-    auto v = select(body, field.segments, 0, *fallback);
+    auto v = FingerprintAccess::fields_disjoint(spec) ? take(body, field.segments, 0, *fallback)
+                                                      : select(body, field.segments, 0, *fallback);
     out.emplace(field.text, v ? std::move(*v) : *fallback);
   }
   return Json(Json::Value(std::move(out)));
@@ -284,6 +319,13 @@ FingerprintSpec FingerprintSpec::compile(const settings::FingerprintSettings& s,
         if (other.text == text) config_error("fields", text, "listed twice");
       }
       spec.fields_->push_back(std::move(*p));
+    }
+    const auto& f = *spec.fields_;
+    spec.fields_disjoint_ = true;
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      for (std::size_t j = i + 1; j < f.size(); ++j) {
+        if (overlap(f[i], f[j])) spec.fields_disjoint_ = false;
+      }
     }
   }
 
@@ -366,7 +408,12 @@ std::optional<std::string> canonical_form(const FingerprintSpec& spec, const Req
   return canonical_form(spec, request, parsed.body);
 }
 
-std::string canonical_form(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
+namespace {
+
+// canonical_form() with the body's model given apart, owned: the selection works on it in
+// place (json and form bodies; a raw body has none).
+std::string canonical_form_of(const FingerprintSpec& spec, const RequestParts& request,
+                              const Body& body, Json model) {
   std::string out;
   out.reserve(256);  // the domain, version, method and scope, and a small body's selection
   put(out, kFingerprintDomain);
@@ -378,11 +425,11 @@ std::string canonical_form(const FingerprintSpec& spec, const RequestParts& requ
   switch (body.format) {
     case settings::BodyFormat::json:
       put(out, FingerprintAccess::fields(spec) ? "fields" : "body");
-      put(out, canonical_text(selection(spec, body.model)));
+      put(out, canonical_text(selection(spec, std::move(model))));
       break;
     case settings::BodyFormat::form:
       put(out, FingerprintAccess::fields(spec) ? "form:fields" : "form:body");
-      put(out, canonical_text(selection(spec, body.model)));
+      put(out, canonical_text(selection(spec, std::move(model))));
       break;
     case settings::BodyFormat::raw:
       put(out, "raw");
@@ -426,6 +473,13 @@ std::string canonical_form(const FingerprintSpec& spec, const RequestParts& requ
   return out;
 }
 
+}  // namespace
+
+std::string canonical_form(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
+  return canonical_form_of(spec, request, body,
+                           body.format == settings::BodyFormat::raw ? Json() : body.model);
+}
+
 FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& request) {
   FingerprintResult r;
   auto form = canonical_form(spec, request, &r);
@@ -437,6 +491,11 @@ FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& r
 
 std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, const Body& body) {
   return sha256_hex(canonical_form(spec, request, body));
+}
+
+std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, Body&& body) {
+  Json model = std::move(body.model);
+  return sha256_hex(canonical_form_of(spec, request, body, std::move(model)));
 }
 
 std::string operation_id(std::string_view tenant, std::string_view scope, std::string_view key) {

@@ -36,6 +36,9 @@ class FingerprintSpec {
   BodySpec body_;
   std::string version_;
   std::optional<std::vector<Pointer>> fields_;  // nullopt: whole body
+  // No field lies at or below another (a '*' matching any position): each selects a part
+  // of the body no other field reads, so a selection may move it out instead of copying.
+  bool fields_disjoint_ = false;
   std::vector<Pointer> ignore_;
   std::vector<std::pair<Pointer, Json>> defaults_;
   std::vector<std::string> header_names_;  // as configured
@@ -66,6 +69,9 @@ struct FingerprintResult {
 // The fingerprint of a request whose body was read already (parse_body(): the one model
 // the key reader saw too); `request.content_type` and `request.body` are not read again.
 std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, const Body& body);
+// The same, consuming the body's model (no copy of the parsed tree): for a caller that has
+// no further use for it.
+std::string fingerprint(const FingerprintSpec& spec, const RequestParts& request, Body&& body);
 
 // The same from the raw parts: the body is read here, by spec.body() (body.hpp).
 FingerprintResult fingerprint(const FingerprintSpec& spec, const RequestParts& request);
