@@ -114,4 +114,12 @@ TEST_CASE("batch lane: a batch whose event loop shuts down leaves the lane witho
   CHECK_FALSE(a_out);
   CHECK_FALSE(b_out);
   CHECK(t.lane->try_enter());
+  // Teardown: b's call is still queued, its slot holding a timer of caller_loop. Answer it
+  // (as failed) and let its caller finish on its own loop, so that nothing of caller_loop
+  // is left for the batchers' loop to destroy after caller_loop is gone.
+  auto left = t.b->take(8);
+  REQUIRE(left.size() == 1);
+  t.b->settle(left);
+  caller_loop.run();
+  CHECK(b_out == -1);
 }
