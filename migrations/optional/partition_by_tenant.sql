@@ -9,7 +9,7 @@
 -- whole primary key, tenant_id first, so each touches one partition; only retention
 -- cleanup reads them all.
 --
--- Run it once, on schema version 8 or 9 (it refuses any other: a later migration may need it
+-- Run it once, on schema version 8, 9 or 10 (it refuses any other: a later migration may need it
 -- updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
@@ -34,9 +34,10 @@ BEGIN
     RETURN;
   END IF;
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
-  -- 8, or 9 once the contract migration 0009 dropped the in-progress index.
-  IF version IS NULL OR version NOT IN (8, 9) THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8 and 9, the database is at %', version
+  -- 8, 9 once the contract migration 0009 dropped the in-progress index, 10 after 0010's
+  -- fillfactor (with or without 0009: the index is carried over only where it exists).
+  IF version IS NULL OR version NOT IN (8, 9, 10) THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8, 9 and 10, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN
@@ -76,13 +77,13 @@ BEGIN
   ALTER SEQUENCE idempotency_fencing_tokens OWNED BY idempotency_requests.fencing_token;
 
   -- Storage parameters live on the partitions (a partitioned table has no storage):
-  -- migration 0001's eager autovacuum and 0008's room for HOT completions, per partition.
+  -- migration 0001's eager autovacuum and 0010's room for HOT completions, per partition.
   FOR i IN 0 .. partitions - 1 LOOP
     EXECUTE format(
       'CREATE TABLE %I PARTITION OF idempotency_requests FOR VALUES WITH (MODULUS %s, REMAINDER %s)'
       ' WITH (autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000,'
       ' autovacuum_analyze_scale_factor = 0.02, autovacuum_vacuum_cost_limit = 2000,'
-      ' fillfactor = 50)',
+      ' fillfactor = 40)',
       'idempotency_requests_p' || i, partitions, i);
   END LOOP;
 

@@ -64,7 +64,12 @@ TEST_CASE("contract migrations: held back by migrate, refused while an older rep
   plain.connect_timeout = kConnect;
   plain.on_event = [&](const MigrationEvent& e) { notes.push_back(e.detail); };
   auto report = apply_migrations(scratch.url(), plain);
-  CHECK(report.applied.empty());
+  // The migrations after it that are not contracts (0010's fillfactor) go ahead.
+  std::vector<int> later;
+  for (const auto& m : embedded_migrations()) {
+    if (m.version > contract.version && !parse_migration(m).contract) later.push_back(m.version);
+  }
+  CHECK(report.applied == later);
   CHECK(report.held_back == std::vector<int>{contract.version});
   CHECK(in_progress_index_exists(db));
   CHECK(std::any_of(notes.begin(), notes.end(), [](const std::string& n) {
@@ -112,7 +117,7 @@ TEST_CASE("contract migrations: a database migrated from nothing takes them at o
   // And the lean record's room for HOT completions.
   CHECK(db.scalar("SELECT array_to_string(reloptions, ',') FROM pg_class"
                   " WHERE oid = 'idempotency_requests'::regclass")
-            ->find("fillfactor=50") != std::string::npos);
+            ->find("fillfactor=40") != std::string::npos);
 }
 
 TEST_CASE("migration steps: storage parameters and a dropped index on a partitioned table") {
