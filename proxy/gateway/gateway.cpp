@@ -711,15 +711,29 @@ idempotency::RequestParts fingerprint_parts(const Gateway::Exchange& x, std::str
   return parts;
 }
 
-std::optional<server::Response> admit_fingerprint(Gateway::Exchange& x) {
-  std::string scope_and_path;
-  const auto parts = fingerprint_parts(x, scope_and_path);
+void admit_fingerprint(Gateway::Exchange& x, const idempotency::RequestParts& parts) {
   // The model is read for nothing else afterwards (a body key was read before): the
   // fingerprint takes it rather than copying the parsed tree.
   x.fingerprint = x.keep_body_model
                       ? idempotency::fingerprint(x.route->fingerprint, parts, x.body->body)
                       : idempotency::fingerprint(x.route->fingerprint, parts, std::move(x.body->body));
-  return std::nullopt;
+}
+
+// The memo's key for this request, when the memo may answer it: not for a key read from
+// the body (the body is read before the key anyway), not for explain (it shows the parsed
+// body), not for raw bodies (their fingerprint is already one hash of the bytes).
+std::optional<idempotency::MemoKey> memo_key_of(const Gateway::Exchange& x,
+                                               const idempotency::RequestParts& parts) {
+  if (x.keep_body_model || x.body || x.route->key.from == settings::KeySource::body ||
+      x.route->fingerprint.body().format == settings::BodyFormat::raw) {
+    return std::nullopt;
+  }
+  idempotency::RequestParts with_body = parts;
+  if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end()) {
+    with_body.content_type = std::string_view(ct->value());
+  }
+  with_body.body = x.request.body();
+  return idempotency::memo_key(x.route->settings->name, x.tenant, with_body);
 }
 
 std::optional<server::Response> admit_principal(Gateway::Exchange& x) {
@@ -741,23 +755,44 @@ std::optional<server::Response> admit_principal(Gateway::Exchange& x) {
   return std::nullopt;
 }
 
-// Validation before anything is claimed; its failures are never stored. On success the
-// request has its record id, fingerprint and principal.
-std::optional<server::Response> admit(Gateway::Exchange& x) {
-  const auto& rs = *x.route->settings;
-  x.outcome = Outcome::rejected;
-  if (auto refused = admit_tenant(x)) return refused;
-  // A key in the header or the query is checked before the body is read (docs/http.md's
-  // order); a key in the body can only be read from the body.
+// The body and the fingerprint, or the fingerprint from `memo` when this exact request
+// (bytes, route, tenant) was fingerprinted before (idempotency/fingerprint_memo.hpp).
+std::optional<server::Response> admit_content(Gateway::Exchange& x, idempotency::FingerprintMemo* memo,
+                                              obs::Metrics* metrics) {
   const bool key_in_body = x.route->key.from == settings::KeySource::body;
-  if (!key_in_body) {
-    if (auto refused = admit_key(x)) return refused;
+  std::string scope_and_path;
+  const auto parts = fingerprint_parts(x, scope_and_path);
+  const auto key = memo ? memo_key_of(x, parts) : std::nullopt;
+  if (key) {
+    const auto kept = memo->find(*key);
+    if (metrics) metrics->fingerprint_memo_lookup(kept.has_value());
+    if (kept) {
+      x.fingerprint = std::string(*kept);
+      return std::nullopt;
+    }
   }
   if (auto refused = admit_body(x)) return refused;
   if (key_in_body) {
     if (auto refused = admit_key(x)) return refused;
   }
-  if (auto refused = admit_fingerprint(x)) return refused;
+  admit_fingerprint(x, parts);
+  if (key) memo->insert(*key, x.fingerprint);
+  return std::nullopt;
+}
+
+// Validation before anything is claimed; its failures are never stored. On success the
+// request has its record id, fingerprint and principal.
+std::optional<server::Response> admit(Gateway::Exchange& x, idempotency::FingerprintMemo* memo = nullptr,
+                                      obs::Metrics* metrics = nullptr) {
+  const auto& rs = *x.route->settings;
+  x.outcome = Outcome::rejected;
+  if (auto refused = admit_tenant(x)) return refused;
+  // A key in the header or the query is checked before the body is read (docs/http.md's
+  // order); a key in the body can only be read from the body.
+  if (x.route->key.from != settings::KeySource::body) {
+    if (auto refused = admit_key(x)) return refused;
+  }
+  if (auto refused = admit_content(x, memo, metrics)) return refused;
   if (auto refused = admit_principal(x)) return refused;
   // Every protected request needs its operation id, for the replay cache's lookup or for
   // the forward's headers: made once here.
@@ -770,6 +805,17 @@ std::optional<server::Response> admit(Gateway::Exchange& x) {
 
 }  // namespace
 
+idempotency::FingerprintMemo& Gateway::fingerprint_memo(const std::shared_ptr<const Runtime>& runtime) {
+  // A reload may change what a fingerprint reads (fields, defaults, body limits): the
+  // memo's entries belong to one configuration. Holding it also keeps its address from
+  // being reused by the next one.
+  if (memo_runtime_ != runtime) {
+    memo_.clear();
+    memo_runtime_ = runtime;
+  }
+  return memo_;
+}
+
 std::optional<server::Response> Gateway::admit_identity(Exchange& x) {
   if (auto refused = admit_tenant(x)) return refused;
   return admit_principal(x);
@@ -780,7 +826,7 @@ asio::awaitable<server::Response> Gateway::protected_request(Exchange& x) {
   // A key-less request on an optional route is not the store's business: it passes through
   // unprotected, whatever its tenant header says.
   if (!rs.key.required && carries_no_key(x)) co_return co_await pass_through(x);
-  if (auto refused = admit(x)) co_return std::move(*refused);
+  if (auto refused = admit(x, &fingerprint_memo(x.runtime), deps_.metrics)) co_return std::move(*refused);
   if (rs.async) co_return co_await run_async(x);
   co_return co_await run_protocol(x);
 }

@@ -13,6 +13,7 @@
 
 #include "gateway/router.hpp"
 #include "gateway/waiters.hpp"
+#include "idempotency/fingerprint_memo.hpp"
 #include "idempotency/protocol.hpp"
 #include "observability/metrics.hpp"
 #include "server/server.hpp"
@@ -88,8 +89,14 @@ class Gateway {
   // owner == nullptr: an unprotected request (no operation id, attempt or fencing token).
   asio::awaitable<upstream::Outcome> forward(Exchange& x, const store::Ownership* owner);
 
+  idempotency::FingerprintMemo& fingerprint_memo(const std::shared_ptr<const Runtime>& runtime);
+
   Dependencies deps_;
   std::atomic<std::size_t> owners_in_flight_{0};
+  // This event loop's fingerprints of recent requests, for the configuration it was
+  // filled under (fingerprint_memo()).
+  idempotency::FingerprintMemo memo_;
+  std::shared_ptr<const Runtime> memo_runtime_;
 };
 
 }  // namespace idem::gateway

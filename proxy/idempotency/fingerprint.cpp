@@ -519,7 +519,7 @@ std::string log_hash(std::string_view tenant, std::string_view key) {
   return sha256_hex(in).substr(0, 12);
 }
 
-std::string sha256_hex(std::string_view data) {
+void sha256(std::string_view data, unsigned char* out) {
   // Fetched once: EVP_sha256() makes every EVP_Digest look the algorithm up in the
   // provider store again (OpenSSL 3's implicit fetch), which cost more than hashing
   // these short inputs (three per protected request). Never freed: it lives as long as
@@ -529,18 +529,22 @@ std::string sha256_hex(std::string_view data) {
   // a context (and the provider's state in it) on every call.
   thread_local const std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> ctx(EVP_MD_CTX_new(),
                                                                           &EVP_MD_CTX_free);
-  unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int len = 0;
   if (sha256 == nullptr || ctx == nullptr || EVP_DigestInit_ex2(ctx.get(), sha256, nullptr) != 1 ||
       EVP_DigestUpdate(ctx.get(), data.data(), data.size()) != 1 ||
-      EVP_DigestFinal_ex(ctx.get(), md, &len) != 1 || len != 32) {
+      EVP_DigestFinal_ex(ctx.get(), out, &len) != 1 || len != 32) {
     // Only a broken OpenSSL installation (no SHA-256 provider) or memory exhaustion
     // gets here. Returning anything would risk equal fingerprints for different
     // requests, i.e. replaying someone else's response; stopping is the safe failure.
     std::fputs("idemproxy: SHA-256 unavailable from OpenSSL, aborting\n", stderr);
     std::abort();
   }
-  return text::to_hex(md, len);
+}
+
+std::string sha256_hex(std::string_view data) {
+  unsigned char md[32];
+  sha256(data, md);
+  return text::to_hex(md, sizeof md);
 }
 
 }  // namespace idem::idempotency

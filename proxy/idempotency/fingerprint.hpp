@@ -90,5 +90,7 @@ std::string log_hash(std::string_view tenant, std::string_view key);
 
 // Hex SHA-256 of arbitrary bytes (principal hashing, checksums).
 std::string sha256_hex(std::string_view data);
+// The same digest as 32 bytes into `out`.
+void sha256(std::string_view data, unsigned char* out);
 
 }  // namespace idem::idempotency

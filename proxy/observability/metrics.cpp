@@ -249,6 +249,8 @@ class Family {
     "Age of the oldest claim this process holds (0 when none): a stuck claim shows here.")     \
   X(cache_lookups,      Counter,         "idemproxy_replay_cache_lookups_total", "result",       \
     "Replay cache lookups of protected requests while the cache is active, by result.")          \
+  X(memo_lookups,       Counter,         "idemproxy_fingerprint_memo_lookups_total", "result",   \
+    "Protected requests whose fingerprint was looked up in the fingerprint memo, by result (hit: the same bytes were fingerprinted before).") \
   X(cache_notifications, Counter,        "idemproxy_replay_cache_notifications_total", "",      \
     "Record changes announced by PostgreSQL and evicted from the replay cache.")                 \
   X(cache_active,       Gauge,           "idemproxy_replay_cache_active",        "",             \
@@ -426,6 +428,8 @@ struct Metrics::Impl {
   Gauge& oldest = in_progress_oldest.get("");
   Counter& cache_hit = cache_lookups.get("hit");
   Counter& cache_miss = cache_lookups.get("miss");
+  Counter& memo_hit = memo_lookups.get("hit");
+  Counter& memo_miss = memo_lookups.get("miss");
   Counter& cache_notified = cache_notifications.get("");
   Gauge& cache_on = cache_active.get("");
   Gauge& cache_count = cache_entries.get("");
@@ -514,6 +518,7 @@ void Metrics::set_schema(int binary_version, int database_version, bool newer_co
   impl_->schema_newer_compatible.value.store(newer_compatible ? 1.0 : 0.0, kRelaxed);
 }
 void Metrics::replay_cache_lookup(bool hit) { (hit ? impl_->cache_hit : impl_->cache_miss).add(1); }
+void Metrics::fingerprint_memo_lookup(bool hit) { (hit ? impl_->memo_hit : impl_->memo_miss).add(1); }
 void Metrics::trace_spans(std::string_view result, std::uint64_t n) {
   impl_->trace_spans.get(result).add(n);
 }
@@ -569,6 +574,9 @@ std::uint64_t Metrics::reconciliations(std::string_view result) const {
   return c != nullptr ? c->get() : 0;
 }
 std::uint64_t Metrics::replay_cache_hits() const { return impl_->cache_hit.get(); }
+std::uint64_t Metrics::fingerprint_memo_lookups(bool hit) const {
+  return (hit ? impl_->memo_hit : impl_->memo_miss).get();
+}
 std::uint64_t Metrics::replay_cache_notifications() const { return impl_->cache_notified.get(); }
 
 std::string Metrics::render_prometheus() const {

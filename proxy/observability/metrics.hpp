@@ -85,6 +85,7 @@ class Metrics {
   // and whether this replica serves a newer schema that allows it.
   void set_schema(int binary_version, int database_version, bool newer_compatible);
   void replay_cache_lookup(bool hit);
+  void fingerprint_memo_lookup(bool hit);
   void replay_cache_notification();
   void set_replay_cache(bool active, std::size_t entries, std::size_t bytes);
   // Spans of the OTLP exporter (tracing.hpp): "exported", "dropped" (queue full) or
@@ -105,6 +106,7 @@ class Metrics {
   std::uint64_t async_operations(Outcome outcome) const;
   std::uint64_t reconciliations(std::string_view result) const;
   std::uint64_t replay_cache_hits() const;
+  std::uint64_t fingerprint_memo_lookups(bool hit) const;
   std::uint64_t replay_cache_notifications() const;
   std::uint64_t trace_spans(std::string_view result) const;
   std::uint64_t trace_export_retries() const;

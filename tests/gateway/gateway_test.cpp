@@ -246,6 +246,12 @@ struct Fixture {
     gw = std::make_unique<gateway::Gateway>(std::move(deps));
   }
 
+  // A reload as the sidecar does it: the same gateway sees the next snapshot.
+  void reload(settings::Settings s) {
+    holder->store(gateway::Runtime::build(
+        std::shared_ptr<const settings::Settings>(std::make_shared<settings::Settings>(std::move(s)))));
+  }
+
   settings::RouteSettings& route() {
     return const_cast<settings::RouteSettings&>(holder->load()->settings().routes.front());
   }
@@ -2149,4 +2155,55 @@ TEST_CASE("examine: refusals, pass-throughs and the route it matched, as handle(
     }
   }
   CHECK(f.store.size() == 0);
+}
+
+TEST_CASE("a byte-identical retry takes its fingerprint from the memo; other bytes are fingerprinted again") {
+  Fixture f;
+  CHECK(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  CHECK(f.metrics.fingerprint_memo_lookups(true) == 0);
+  CHECK(f.metrics.fingerprint_memo_lookups(false) == 1);
+
+  auto replay = f.call(Fixture::order("k1", kBody));
+  CHECK(replay["Idempotent-Replayed"] == "true");
+  CHECK(f.metrics.fingerprint_memo_lookups(true) == 1);
+
+  // A different amount: not in the memo, fingerprinted, refused as before.
+  auto reused = f.call(Fixture::order("k1", R"({"customer_id":"c1","amount":1001,"currency":"EUR"})"));
+  CHECK(reused.result_int() == 409);
+  CHECK(problem_code(reused) == "idempotency_key_reused");
+  CHECK(f.metrics.fingerprint_memo_lookups(false) == 2);
+  // The same JSON in other bytes: fingerprinted again, and still the same operation.
+  auto spaced = f.call(Fixture::order("k1", R"({"customer_id": "c1", "amount": 1000, "currency": "EUR"})"));
+  CHECK(spaced["Idempotent-Replayed"] == "true");
+  CHECK(f.metrics.fingerprint_memo_lookups(false) == 3);
+  // Another tenant's identical bytes are its own entry.
+  CHECK(f.call(Fixture::order("k1", kBody, "t2")).result_int() == 201);
+  CHECK(f.metrics.fingerprint_memo_lookups(true) == 1);
+  CHECK(f.metrics.fingerprint_memo_lookups(false) == 4);
+  CHECK(f.upstream.calls.size() == 2);
+  CHECK(f.store.size() == 2);
+}
+
+TEST_CASE("after a reload that changes the fingerprint, the memo's old fingerprints are not used") {
+  Fixture f;
+  CHECK(f.call(Fixture::order("k1", kBody)).result_int() == 201);
+  CHECK(f.call(Fixture::order("k1", kBody))["Idempotent-Replayed"] == "true");
+  const auto stored = f.row("k1");
+  REQUIRE(stored);
+
+  // The route now fingerprints the customer only: the same bytes are another operation
+  // under the new configuration, so the key is refused, not replayed.
+  settings::Settings next = f.holder->load()->settings();
+  next.routes.front().fingerprint.fields = std::vector<std::string>{"/customer_id"};
+  next.routes.front().fingerprint.defaults.clear();
+  f.reload(std::move(next));
+  const auto hits = f.metrics.fingerprint_memo_lookups(true);
+  auto res = f.call(Fixture::order("k1", kBody));
+  CHECK(res.result_int() == 409);
+  CHECK(problem_code(res) == "idempotency_key_reused");
+  CHECK(f.metrics.fingerprint_memo_lookups(true) == hits);
+  CHECK(f.upstream.calls.size() == 1);
+  const auto after = f.row("k1");
+  REQUIRE(after);
+  CHECK(after->fingerprint == stored->fingerprint);
 }

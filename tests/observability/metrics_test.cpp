@@ -45,6 +45,8 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_in_progress_oldest_seconds") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_lookups_total") == "counter");
   CHECK(e.types.at("idemproxy_replay_cache_notifications_total") == "counter");
+  CHECK(e.types.at("idemproxy_fingerprint_memo_lookups_total") == "counter");
+  CHECK(e.get("idemproxy_fingerprint_memo_lookups_total", {{"result", "hit"}}) == 0);
   CHECK(e.types.at("idemproxy_replay_cache_active") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_entries") == "gauge");
   CHECK(e.types.at("idemproxy_replay_cache_bytes") == "gauge");
@@ -59,7 +61,7 @@ TEST_CASE("a fresh registry exposes every declared metric") {
   CHECK(e.types.at("idemproxy_schema_version") == "gauge");
   CHECK(e.types.at("idemproxy_schema_newer_compatible") == "gauge");
   CHECK(e.get("idemproxy_schema_newer_compatible") == 0);
-  CHECK(e.types.size() == 29);
+  CHECK(e.types.size() == 30);
   for (const char* result : {"exported", "dropped", "failed"}) {
     CHECK(e.get("idemproxy_trace_spans_total", {{"result", result}}) == 0);
   }
@@ -253,7 +255,7 @@ TEST_CASE("concurrent recording loses nothing, new label values included") {
       do {
         const auto e = parse(m.render_prometheus());
         CHECK(e.types.at("idemproxy_trace_spans_total") == "counter");
-        CHECK(e.types.size() == 29);
+        CHECK(e.types.size() == 30);
         ++scrapes;
       } while (!stop_scraping.load());
     } catch (...) {
