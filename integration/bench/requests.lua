@@ -62,7 +62,7 @@ else
       n = n + 1
       headers["Idempotency-Key"] = string.format("%08x-", math.random(0, 0x7fffffff) * 2 + math.random(0, 1)) ..
                                    nonce .. "-" .. (thread_id or 0) .. "-" .. n
-      local order = head .. '"customer_id":"c-' .. (thread_id or 0) .. "-" .. n .. '"' .. tail
+      local order = head .. '"customer_id":"c-' .. nonce .. "-" .. (thread_id or 0) .. "-" .. n .. '"' .. tail
       return wrk.format("POST", "/orders", headers, order)
     end
   else
