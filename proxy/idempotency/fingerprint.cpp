@@ -75,14 +75,7 @@ constexpr std::string_view kLogHashDomain = "idemproxy-log-hash/1";
 
 // ---------------------------------------------------------------- encoding helpers
 
-void put(std::string& out, std::string_view item) {
-  char length[24];
-  const auto end = std::to_chars(length, length + sizeof length, item.size()).ptr;
-  out.append(length, end);
-  out.push_back(':');
-  out.append(item);
-  out.push_back('\n');
-}
+void put(std::string& out, std::string_view item) { detail::put_item(out, item); }
 
 char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -517,6 +510,15 @@ std::string log_hash(std::string_view tenant, std::string_view key) {
   put(in, tenant);
   put(in, key);
   return sha256_hex(in).substr(0, 12);
+}
+
+void detail::put_item(std::string& out, std::string_view item) {
+  char length[24];
+  const auto end = std::to_chars(length, length + sizeof length, item.size()).ptr;
+  out.append(length, end);
+  out.push_back(':');
+  out.append(item);
+  out.push_back('\n');
 }
 
 void sha256(std::string_view data, unsigned char* out) {

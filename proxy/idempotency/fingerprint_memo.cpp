@@ -1,6 +1,7 @@
 #include "idempotency/fingerprint_memo.hpp"
 
-#include <charconv>
+#include "idempotency/internal.hpp"
+
 #include <cstring>
 #include <string>
 
@@ -9,15 +10,7 @@ namespace {
 
 constexpr std::string_view kMemoDomain = "idemproxy-fingerprint-memo/1";
 
-// Length-prefixed, so that no two different lists of items encode to the same text.
-void put(std::string& out, std::string_view item) {
-  char length[24];
-  const auto end = std::to_chars(length, length + sizeof length, item.size()).ptr;
-  out.append(length, end);
-  out.push_back(':');
-  out.append(item);
-  out.push_back('\n');
-}
+using detail::put_item;
 
 // Absent and empty are different inputs to the fingerprint, so they are here too.
 void put_optional(std::string& out, const std::optional<std::string_view>& item) {
@@ -26,7 +19,7 @@ void put_optional(std::string& out, const std::optional<std::string_view>& item)
     return;
   }
   out.push_back('+');
-  put(out, *item);
+  put_item(out, *item);
 }
 
 }  // namespace
@@ -35,18 +28,18 @@ MemoKey memo_key(std::string_view route, std::string_view tenant, const RequestP
   std::string in;
   in.reserve(kMemoDomain.size() + route.size() + tenant.size() + parts.method.size() +
              parts.scope.size() + parts.query.size() + parts.body.size() + 160);
-  put(in, kMemoDomain);
-  put(in, route);
-  put(in, tenant);
-  put(in, parts.method);
-  put(in, parts.scope);
+  put_item(in, kMemoDomain);
+  put_item(in, route);
+  put_item(in, tenant);
+  put_item(in, parts.method);
+  put_item(in, parts.scope);
   put_optional(in, parts.content_type);
-  put(in, std::to_string(parts.header_values.size()));
+  put_item(in, std::to_string(parts.header_values.size()));
   for (const auto& value : parts.header_values) {
     put_optional(in, value ? std::optional<std::string_view>(*value) : std::nullopt);
   }
-  put(in, parts.query);
-  put(in, parts.body);
+  put_item(in, parts.query);
+  put_item(in, parts.body);
   MemoKey key;
   sha256(in, key.data());
   return key;

@@ -83,4 +83,9 @@ QueryValues query_values(std::string_view raw, std::string_view name);
 // Trim HTTP optional whitespace (SP, HTAB) from both ends.
 using text::trim_ows;
 
+// Appends `item` as "<length>:<item>\n": a list of items encoded this way never reads as
+// another list (the inputs of every hash the product makes: fingerprint, operation id,
+// log hash, the fingerprint memo's key).
+void put_item(std::string& out, std::string_view item);
+
 }  // namespace idem::idempotency::detail

@@ -15,6 +15,13 @@ using idem::idempotency::JsonLimits;
 using idem::idempotency::parse_json;
 namespace detail = idem::idempotency::detail;
 
+#if defined(__GNUC__) && !defined(__clang__)
+// GCC 12 (RelWithDebInfo) reports the moved-from variants of the randomized trees below (a
+// temporary Json::Value moved into a Json) as "maybe uninitialized": a false positive
+// in this test only; the product's code does not trigger it.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
 namespace {
 
 std::optional<std::string> canon(std::string_view text, const JsonLimits& limits = {}) {
