@@ -37,12 +37,13 @@ bool all_zero(const std::array<std::uint8_t, N>& a) {
 
 template <std::size_t N>
 std::string hex(const std::array<std::uint8_t, N>& a) {
+  // Sized once and written by index: appending digit by digit re-checked the capacity
+  // for each of them, on every request (trace and span ids, traceparent).
   static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(2 * N);
-  for (auto b : a) {
-    out += kDigits[b >> 4];
-    out += kDigits[b & 0x0f];
+  std::string out(2 * N, '0');
+  for (std::size_t i = 0; i < N; ++i) {
+    out[2 * i] = kDigits[a[i] >> 4];
+    out[2 * i + 1] = kDigits[a[i] & 0x0f];
   }
   return out;
 }
