@@ -721,19 +721,20 @@ void admit_fingerprint(Gateway::Exchange& x, const idempotency::RequestParts& pa
 
 // The memo's key for this request, when the memo may answer it: not for a key read from
 // the body (the body is read before the key anyway), not for explain (it shows the parsed
-// body), not for raw bodies (their fingerprint is already one hash of the bytes).
+// body), not for raw bodies (their fingerprint is already one hash of the bytes). Fills in
+// the parts' raw Content-Type and body, which the key covers (the fingerprint of a body
+// already read does not look at them).
 std::optional<idempotency::MemoKey> memo_key_of(const Gateway::Exchange& x,
-                                               const idempotency::RequestParts& parts) {
+                                               idempotency::RequestParts& parts) {
   if (x.keep_body_model || x.body || x.route->key.from == settings::KeySource::body ||
       x.route->fingerprint.body().format == settings::BodyFormat::raw) {
     return std::nullopt;
   }
-  idempotency::RequestParts with_body = parts;
   if (auto ct = x.request.base().find(http::field::content_type); ct != x.request.end()) {
-    with_body.content_type = std::string_view(ct->value());
+    parts.content_type = std::string_view(ct->value());
   }
-  with_body.body = x.request.body();
-  return idempotency::memo_key(x.route->settings->name, x.tenant, with_body);
+  parts.body = x.request.body();
+  return idempotency::memo_key(x.route->settings->name, x.tenant, parts);
 }
 
 std::optional<server::Response> admit_principal(Gateway::Exchange& x) {
@@ -761,7 +762,7 @@ std::optional<server::Response> admit_content(Gateway::Exchange& x, idempotency:
                                               obs::Metrics* metrics) {
   const bool key_in_body = x.route->key.from == settings::KeySource::body;
   std::string scope_and_path;
-  const auto parts = fingerprint_parts(x, scope_and_path);
+  auto parts = fingerprint_parts(x, scope_and_path);
   const auto key = memo ? memo_key_of(x, parts) : std::nullopt;
   if (key) {
     const auto kept = memo->find(*key);
