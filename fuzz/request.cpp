@@ -31,6 +31,7 @@
 // covers: proxy/server/framing.cpp
 // covers: proxy/server/request_head.cpp
 // covers: proxy/common/message_parser.hpp
+// covers: proxy/common/io_now.hpp
 // (Beast's parser is covered too, but clang emits no line coverage for system headers:
 // libFuzzer's cov/ft counts include it.)
 #include <algorithm>
@@ -48,6 +49,7 @@
 #include <boost/beast/http/read.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "common/io_now.hpp"
 #include "common/message_parser.hpp"
 #include "server/framing.hpp"
 #include "server/request_head.hpp"
@@ -221,7 +223,10 @@ Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
     parser.header_limit(static_cast<std::uint32_t>(limits.max_header_bytes));
     parser.body_limit(boost::none);
     error_code hec;
-    const std::size_t hn = http::read_header(stream, buffer, parser, hec);
+    std::size_t hn = 0;
+    if (!idem::io_now::parse_buffered(parser, buffer, idem::io_now::HeaderDone{}, hec, hn)) {
+      hn += http::read_header(stream, buffer, parser, hec);
+    }
     // A header refusal is one kind of ending: 431 or 400, which one Beast reports may depend
     // on segmentation (it waits for the end of the header before it parses a field that
     // arrived in pieces).
@@ -268,7 +273,11 @@ Outcome run_session(std::string_view input, const Limits& limits, bool pieces) {
       parser.body_limit(limits.max_request_body);
       buffer.max_size(std::max(buffer.size(), limits.max_header_bytes + kChunkLineSlack));
       error_code bec;
-      http::read(stream, buffer, parser, bec);
+      parser.eager(true);
+      std::size_t parsed = 0;
+      if (!idem::io_now::parse_buffered(parser, buffer, idem::io_now::MessageDone{}, bec, parsed)) {
+        http::read(stream, buffer, parser, bec);
+      }
       buffer.max_size(std::numeric_limits<std::size_t>::max());
       if (bec) {
         out.ended = body_refusal(bec, parser, buffer);

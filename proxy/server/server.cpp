@@ -43,6 +43,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/deadline.hpp"
+#include "common/io_now.hpp"
 #include "common/message_parser.hpp"
 #include "server/framing.hpp"
 #include "server/request_head.hpp"
@@ -536,8 +537,16 @@ asio::awaitable<bool> Session<Stream>::write(Response& res, Millis timeout) {
     head_.clear();
     append_response_head(head_, res);
     const std::array<asio::const_buffer, 2> buffers{asio::buffer(head_), asio::buffer(res.body())};
-    auto [wec, n] = co_await asio::async_write(stream_, buffers, use_tuple);
-    ec = wec;
+    // On a plain socket the kernel nearly always takes the whole answer at once: sent
+    // here, the coroutine goes on without a pass of the event loop (common/io_now.hpp).
+    std::size_t sent = 0;
+    if constexpr (!kTls) {
+      sent = io_now::send_now(socket().native_handle(), buffers, ec);
+    }
+    if (!ec && sent < asio::buffer_size(buffers)) {
+      auto [wec, n] = co_await asio::async_write(stream_, io_now::after(buffers, sent), use_tuple);
+      ec = wec;
+    }
     if (head_.capacity() > kIdleBufferCap) std::string().swap(head_);
   }
   disarm();
@@ -722,7 +731,15 @@ asio::awaitable<bool> Session<Stream>::read_head(http_parse::MessageParser<true>
   parser.header_limit(clamp_u32(limits.max_header_bytes));
   parser.body_limit(boost::none);
   arm(limits.header_timeout, Deadline::read);
-  auto [hec, hn] = co_await http::async_read_header(stream_, buffer_, parser, use_tuple);
+  // A header already in the buffer (the usual case: it came with the idle read) is parsed
+  // at once; Beast's read, which would post its completion, only when bytes are missing.
+  error_code hec;
+  std::size_t hn = 0;
+  if (!io_now::parse_buffered(parser, buffer_, io_now::HeaderDone{}, hec, hn)) {
+    auto [rec, rn] = co_await http::async_read_header(stream_, buffer_, parser, use_tuple);
+    hec = rec;
+    hn += rn;
+  }
   disarm();
   if (timed_out()) {
     co_await refuse(http::status::request_timeout, "request_timeout", "Request Timeout",
@@ -799,7 +816,15 @@ asio::awaitable<bool> Session<Stream>::read_body(http_parse::MessageParser<true>
   // before anything more is read.
   buffer_.max_size(std::max(buffer_.size(), limits.max_header_bytes + kChunkLineSlack));
   arm(limits.body_timeout, Deadline::read);
-  auto [bec, bn] = co_await http::async_read(stream_, buffer_, parser, use_tuple);
+  // As for the header: a body already buffered is parsed at once (eager, as Beast's
+  // http::async_read sets it).
+  parser.eager(true);
+  error_code bec;
+  std::size_t parsed = 0;
+  if (!io_now::parse_buffered(parser, buffer_, io_now::MessageDone{}, bec, parsed)) {
+    auto [rec, rn] = co_await http::async_read(stream_, buffer_, parser, use_tuple);
+    bec = rec;
+  }
   disarm();
   buffer_.max_size(kUnbounded);
   if (!timed_out() && !bec) co_return true;

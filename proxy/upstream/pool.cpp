@@ -15,6 +15,7 @@
 // rather than through Beast's serializer.
 #include "common/deadline.hpp"
 #include "common/http_head.hpp"
+#include "common/io_now.hpp"
 #include "common/message_parser.hpp"
 #include "upstream/client.hpp"
 #include "upstream/response.hpp"
@@ -307,9 +308,19 @@ asio::awaitable<Failure> write_request(Connection& conn, const Request& request)
   append_request_head(conn.head, request);
   const std::array<asio::const_buffer, 2> request_bytes{asio::buffer(conn.head),
                                                         asio::buffer(request.body())};
-  auto [wec, written] = conn.tls_stream
-                            ? co_await asio::async_write(*conn.tls_stream, request_bytes, use_tuple)
-                            : co_await asio::async_write(conn.plain, request_bytes, use_tuple);
+  // A plain connection's kernel buffer nearly always takes the whole request: sent here,
+  // without the pass of the event loop an Asio write's completion costs (common/io_now.hpp).
+  error_code wec;
+  std::size_t written = 0;
+  if (!conn.tls_stream) written = io_now::send_now(conn.plain.native_handle(), request_bytes, wec);
+  if (!wec && written < asio::buffer_size(request_bytes)) {
+    auto [aec, n] = conn.tls_stream
+                        ? co_await asio::async_write(*conn.tls_stream, request_bytes, use_tuple)
+                        : co_await asio::async_write(conn.plain, io_now::after(request_bytes, written),
+                                                     use_tuple);
+    wec = aec;
+    written += n;
+  }
   if (!wec && !conn.timed_out()) co_return Failure::none;
   if (written == 0) co_return Failure::connect_failed;
   co_return conn.timed_out() ? Failure::timeout : Failure::broken;
@@ -371,29 +382,41 @@ asio::awaitable<void> Pool::Impl::read_response(ConnectionPtr& conn, bool head, 
   for (;;) {
     ResponseParser parser(limits.max_header);
     prepare_parser(parser, limits, head);
-    auto [hec, hn] = conn->tls_stream
-                         ? co_await http::async_read_header(*conn->tls_stream, conn->buffer, parser, use_tuple)
-                         : co_await http::async_read_header(conn->plain, conn->buffer, parser, use_tuple);
+    // What the buffer already holds (an answer pipelined behind a 1xx, or all of it after
+    // an earlier read) is parsed at once; Beast's reads only for bytes still to come
+    // (common/io_now.hpp). The same for the body below.
+    error_code hec;
+    std::size_t hn = 0;
+    if (!io_now::parse_buffered(parser, conn->buffer, io_now::HeaderDone{}, hec, hn)) {
+      auto [rec, rn] = conn->tls_stream
+                           ? co_await http::async_read_header(*conn->tls_stream, conn->buffer, parser, use_tuple)
+                           : co_await http::async_read_header(conn->plain, conn->buffer, parser, use_tuple);
+      hec = rec;
+      hn += rn;
+    }
     if (conn->timed_out()) {
       out.failure = Failure::timeout;
       co_return;
     }
     out.failure = hec ? classify_read_error(hec) : check_header(parser, hn, limits, head);
     if (out.failure != Failure::none) co_return;
-    if (!parser.is_done()) {
-      auto [rec, n] = conn->tls_stream
+    parser.eager(true);  // as http::async_read sets it
+    error_code rec;
+    std::size_t parsed = 0;
+    if (!io_now::parse_buffered(parser, conn->buffer, io_now::MessageDone{}, rec, parsed)) {
+      auto [aec, n] = conn->tls_stream
                           ? co_await http::async_read(*conn->tls_stream, conn->buffer, parser, use_tuple)
                           : co_await http::async_read(conn->plain, conn->buffer, parser, use_tuple);
-      // A complete answer is not discarded for a deadline that fired meanwhile: the body
-      // read completes through the event loop even when the header's read already brought
-      // every byte, so after a stall (a process stopped, then continued, past its deadline)
-      // the expired timer runs first although the whole answer had arrived. Had the read
-      // needed the socket, the deadline's shutdown would have failed it. The connection is
-      // shut down either way: not pooled.
-      if (rec) {
-        out.failure = conn->timed_out() ? Failure::timeout : classify_read_error(rec);
-        co_return;
-      }
+      rec = aec;
+    }
+    // A complete answer is not discarded for a deadline that fired meanwhile: after a
+    // stall (a process stopped, then continued, past its deadline) the expired timer can
+    // run before the read's completion although the whole answer had arrived. Had the read
+    // needed the socket, the deadline's shutdown would have failed it. The connection is
+    // not pooled after a deadline either way.
+    if (rec) {
+      out.failure = conn->timed_out() ? Failure::timeout : classify_read_error(rec);
+      co_return;
     }
     const Verdict verdict = judge(parser, head, conn->buffer.size());
     if (verdict.interim) continue;
