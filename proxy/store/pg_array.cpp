@@ -42,6 +42,13 @@ void ArrayParam::add_bool(bool v) {
   elements_.push_back(v ? 1 : 0);
 }
 
+void ArrayParam::add_tid(std::uint32_t block, std::uint16_t offset) {
+  length(6);
+  put32(elements_, block);
+  elements_.push_back(static_cast<char>(offset >> 8));
+  elements_.push_back(static_cast<char>(offset));
+}
+
 void ArrayParam::add_null() {
   length(-1);
   has_null_ = true;

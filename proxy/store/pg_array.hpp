@@ -18,7 +18,7 @@ namespace idem::store::detail {
 class ArrayParam {
  public:
   // Element types, by their fixed OIDs (pg_type.dat): the ones the batches use.
-  enum class Type : std::uint32_t { boolean = 16, bytea = 17, int8 = 20, int4 = 23, text = 25 };
+  enum class Type : std::uint32_t { boolean = 16, bytea = 17, int8 = 20, int4 = 23, text = 25, tid = 27 };
 
   explicit ArrayParam(Type type) : type_(type) {}
 
@@ -26,6 +26,8 @@ class ArrayParam {
   void add_int64(std::int64_t v);
   void add_int32(std::int32_t v);
   void add_bool(bool v);
+  // A row's physical address (ctid): block number, then offset in the block (tidsend).
+  void add_tid(std::uint32_t block, std::uint16_t offset);
   void add_null();
 
   std::size_t size() const noexcept { return count_; }

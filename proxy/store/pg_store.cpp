@@ -1,8 +1,10 @@
 #include "store/pg_store.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <initializer_list>
 #include <tuple>
 #include <type_traits>
@@ -45,6 +47,7 @@ constexpr const char* kNotePayload = "idem_note_payload";
 constexpr const char* kClaimBatch = "idem_claim_batch";
 constexpr const char* kReadBatch = "idem_read_batch";
 constexpr const char* kCompleteBatch = "idem_complete_batch";
+constexpr const char* kCompleteByRowBatch = "idem_complete_by_row_batch";
 constexpr const char* kReleaseBatch = "idem_release_batch";
 constexpr const char* kRenewBatch = "idem_renew_batch";
 
@@ -309,7 +312,8 @@ RETURNING previous_operation_id IS NOT NULL AND previous_operation_id <> $5 AS d
 // this replica or another, cannot deadlock on them. Each row draws its own fencing
 // token: nextval() is evaluated per row, so tokens stay unique per key and per claim.
 // RETURNING names the key, which is how each winner finds its row (no key repeats within
-// a batch: the caller sees to it).
+// a batch: the caller sees to it), and the row's address, which the batched completion
+// uses (kCompleteByRowBatchSql).
 constexpr const char* kClaimBatchSql = R"sql(
 INSERT INTO idempotency_requests
   (tenant_id, endpoint, idempotency_key, request_fingerprint, principal, state,
@@ -326,7 +330,8 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bigi
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING tenant_id, endpoint, idempotency_key, attempt_token, fencing_token,
           (extract(epoch FROM created_at) * 1000000)::bigint,
-          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
+          (extract(epoch FROM expires_at) * 1000000)::bigint,
+          ctid)sql";
 
 // kReadSql for many keys, sent after kClaimBatchSql in the same pipeline: a statement of
 // its own, so it sees every row committed before it started, as the single read does.
@@ -405,6 +410,41 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6:
        AS u(tenant_id, endpoint, idempotency_key, fencing_token, status, headers, body,
             body_omitted, resource_id, retention_ms, trace_id, expected_state)
 WHERE r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
+  AND r.idempotency_key = u.idempotency_key
+  AND r.fencing_token = u.fencing_token
+  AND r.state = u.expected_state
+RETURNING r.tenant_id, r.endpoint, r.idempotency_key,
+          (extract(epoch FROM r.expires_at) * 1000000)::bigint)sql";
+
+// kCompleteBatchSql for members whose claim this process made in a batch and whose row
+// has not moved since: the claim's RETURNING told where the row was written (its ctid,
+// HeldClaims), and the join reaches it there, a TID scan per member, instead of a descent
+// of the primary key, whose pages on a large table are mostly not in shared buffers. The
+// address is a hint and nothing more: every condition of kCompleteBatchSql still applies
+// (the full key, the fence, the state), so an address that now holds another row, or a
+// version of this one that is no longer current, matches nothing. A member absent from
+// RETURNING is therefore not known to be fenced: it is completed again by its key
+// (kCompleteSql), which decides. Members sorted by key, as for kCompleteBatchSql, and
+// the nested loop over the members locks rows in that order.
+constexpr const char* kCompleteByRowBatchSql = R"sql(
+UPDATE idempotency_requests AS r
+SET state = 'completed',
+    response_status = u.status,
+    response_headers = u.headers::jsonb,
+    response_body = u.body,
+    response_body_omitted = u.body_omitted,
+    resource_id = NULLIF(u.resource_id, ''),
+    completed_at = now(),
+    expires_at = GREATEST(r.expires_at, now() + u.retention_ms * interval '1 millisecond'),
+    lease_expires_at = NULL,
+    trace_id = NULLIF(u.trace_id, '')
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::integer[], $6::text[],
+            $7::bytea[], $8::boolean[], $9::text[], $10::bigint[], $11::text[], $12::tid[],
+            array_fill('in_progress'::text, ARRAY[cardinality($1::text[])]))
+       AS u(tenant_id, endpoint, idempotency_key, fencing_token, status, headers, body,
+            body_omitted, resource_id, retention_ms, trace_id, row_address, expected_state)
+WHERE r.ctid = u.row_address
+  AND r.tenant_id = u.tenant_id AND r.endpoint = u.endpoint
   AND r.idempotency_key = u.idempotency_key
   AND r.fencing_token = u.fencing_token
   AND r.state = u.expected_state
@@ -571,6 +611,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kClaimBatch, kClaimBatchSql},
       {kReadBatch, kReadBatchSql},
       {kCompleteBatch, kCompleteBatchSql},
+      {kCompleteByRowBatch, kCompleteByRowBatchSql},
       {kReleaseBatch, kReleaseBatchSql},
       {kRenewBatch, kRenewBatchSql},
   };
@@ -628,24 +669,60 @@ pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
 // rows names a column the completion changes, and would make every completion a non-HOT
 // update (docs/performance.md, "The lean record"). A claim whose lease ran out without a
 // renewal is no longer held by anyone (a retry takes it over): it is dropped when read.
+//
+// It also keeps where each batched claim's row was written (its ctid), so that the batched
+// completion reaches the row directly instead of descending the primary key again: a
+// tenth to a quarter of PostgreSQL's work per new key on a table larger than its buffers
+// (docs/performance.md, "Completions by row address"). The address is only a hint: the
+// completion still names the full key and the fence, and a row that moved (a renewal,
+// a takeover, a table rewrite) is simply not found there and is completed by its key.
 struct PgStore::HeldClaims {
+  struct RowAddress {
+    std::uint32_t block = 0;
+    std::uint16_t offset = 0;
+  };
   struct Held {
     SteadyClock::time_point since;
     SteadyClock::time_point lease_until;
+    std::optional<RowAddress> row;
   };
   std::mutex mutex;
   std::unordered_map<std::int64_t, Held> by_fence;
 
+  // Keeps a row address located() earlier for this claim.
   void hold(std::int64_t fence, Millis lease) {
     const auto now = SteadyClock::now();
     std::lock_guard lock(mutex);
-    by_fence.insert_or_assign(fence, Held{now, now + lease});
+    Held& h = by_fence[fence];
+    h.since = now;
+    h.lease_until = now + lease;
   }
+  // Where a claim's row was written, told by its batch before the caller holds it. A
+  // caller that never does (its wait was cancelled) leaves an entry whose lease is already
+  // over: oldest() drops it.
+  void located(std::int64_t fence, RowAddress row) {
+    std::lock_guard lock(mutex);
+    by_fence[fence].row = row;
+  }
+  // A renewal writes a new version of the row, elsewhere.
   void renewed(std::int64_t fence, Millis lease) {
     std::lock_guard lock(mutex);
     if (auto it = by_fence.find(fence); it != by_fence.end()) {
       it->second.lease_until = SteadyClock::now() + lease;
+      it->second.row.reset();
     }
+  }
+  // The row address of each fence, where known (one lock for a batch).
+  template <class Fences>
+  std::vector<std::optional<RowAddress>> rows_of(const Fences& fences) {
+    std::vector<std::optional<RowAddress>> out;
+    out.reserve(fences.size());
+    std::lock_guard lock(mutex);
+    for (const std::int64_t fence : fences) {
+      auto it = by_fence.find(fence);
+      out.push_back(it != by_fence.end() ? it->second.row : std::nullopt);
+    }
+    return out;
   }
   void drop(std::int64_t fence) {
     std::lock_guard lock(mutex);
@@ -670,6 +747,7 @@ struct PgStore::HeldClaims {
 
 struct PgStore::Core {
   std::shared_ptr<pg::Pool> pool;
+  std::shared_ptr<HeldClaims> held;  // the process's (PgStore::held_)
   ClaimRead claim_read = ClaimRead::adaptive;
   bool lone_calls_batched = false;
   std::function<void(std::string_view, std::size_t)> on_batch;
@@ -836,6 +914,20 @@ std::string full_key(const pg::Result& r, int row, int first) {
   return full_key(r.value(row, first), r.value(row, first + 1), r.value(row, first + 2));
 }
 
+// A ctid as the server prints it, "(block,offset)"; nullopt for anything else (the
+// address is only a hint: HeldClaims).
+std::optional<PgStore::HeldClaims::RowAddress> row_address(std::string_view text) {
+  if (text.size() < 5 || text.front() != '(' || text.back() != ')') return std::nullopt;
+  const char* p = text.data() + 1;
+  const char* end = text.data() + text.size() - 1;
+  PgStore::HeldClaims::RowAddress at;
+  auto [after_block, ec1] = std::from_chars(p, end, at.block);
+  if (ec1 != std::errc{} || after_block == end || *after_block != ',') return std::nullopt;
+  auto [after_offset, ec2] = std::from_chars(after_block + 1, end, at.offset);
+  if (ec2 != std::errc{} || after_offset != end) return std::nullopt;
+  return at;
+}
+
 bool key_less(const RecordId& a, const RecordId& b) {
   return std::tie(a.tenant, a.endpoint, a.key) < std::tie(b.tenant, b.endpoint, b.key);
 }
@@ -943,8 +1035,9 @@ void answer_claims(PgStore::Core& core, const ClaimPlan& plan, const pg::Result&
     const auto fence = won.int64(row, 4);
     const auto created = won.int64(row, 5);
     const auto expires = won.int64(row, 6);
-    if (won.columns() != 7 || !attempt || !fence || !created || !expires) return fail_all(bad_row());
+    if (won.columns() != 8 || !attempt || !fence || !created || !expires) return fail_all(bad_row());
     owners.emplace(full_key(won, row, 0), Ownership{*attempt, *fence, *created, *expires});
+    if (const auto at = row_address(won.value(row, 7)); at && core.held) core.held->located(*fence, *at);
   }
   std::unordered_map<std::string, Record> rows;
   if (plan.with_read) {
@@ -1032,13 +1125,17 @@ std::vector<std::size_t> completion_members(std::vector<CompleteBatcher::SlotPtr
   return members;
 }
 
+// The arrays of kCompleteBatchSql for `members`, and with `rows` (one per member) the
+// row addresses of kCompleteByRowBatchSql.
 Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
-                           const std::vector<std::size_t>& members) {
+                           const std::vector<std::size_t>& members,
+                           const std::vector<PgStore::HeldClaims::RowAddress>* rows) {
   KeyArrays keys;
   ArrayParam fences{ArrayParam::Type::int8}, statuses{ArrayParam::Type::int4};
   ArrayParam headers{ArrayParam::Type::text}, bodies{ArrayParam::Type::bytea};
   ArrayParam omitted{ArrayParam::Type::boolean}, resources{ArrayParam::Type::text};
   ArrayParam retentions{ArrayParam::Type::int8}, traces{ArrayParam::Type::text};
+  ArrayParam addresses{ArrayParam::Type::tid};
   for (std::size_t i : members) {
     const CompleteItem& c = batch[i]->item;
     keys.add(c.id);
@@ -1056,22 +1153,32 @@ Encoded encode_completions(const std::vector<CompleteBatcher::SlotPtr>& batch,
     retentions.add_int64(c.retention.count());
     traces.add_text(c.response.trace_id);
   }
+  if (rows != nullptr) {
+    for (const auto& at : *rows) addresses.add_tid(at.block, at.offset);
+  }
   Encoded update;
   for (const auto* a : {&keys.tenants, &keys.endpoints, &keys.keys, &fences, &statuses, &headers,
                         &bodies, &omitted, &resources, &retentions, &traces}) {
     update.add(*a);
   }
+  if (rows != nullptr) update.add(addresses);
   return update;
 }
 
-// One batch of completions: one UPDATE, each row guarded by its own member's fence. A
-// member it did not write to is answered `fenced` here; the caller then asks, on its
-// own, whether its answer was already recorded (the rare retry path), exactly as the
-// single completion does.
+// One batch of completions: an UPDATE for the members whose row address is known
+// (kCompleteByRowBatchSql) and one for the others (kCompleteBatchSql), each row guarded
+// by its own member's fence. A member the keyed UPDATE did not write to is answered
+// `fenced` here; the caller then asks, on its own, whether its answer was already
+// recorded (the rare retry path), exactly as the single completion does. A member the
+// addressed UPDATE did not write to runs alone, by its key: its row may only have moved.
 struct CompletionPlan {
-  std::vector<std::size_t> members;  // the slots the UPDATE carries, in key order
-  std::vector<std::string> member_keys;
-  Encoded update;
+  struct Part {
+    std::vector<std::size_t> members;  // slots, in key order
+    std::vector<std::string> member_keys;
+    Encoded update;
+  };
+  std::vector<std::size_t> members;  // every slot the cycle carries, in key order
+  Part by_row, by_key;
 };
 
 // The members first; their arrays only when the cycle sends the batched UPDATE.
@@ -1081,29 +1188,57 @@ CompletionPlan plan_completions(std::vector<CompleteBatcher::SlotPtr>& batch) {
   return plan;
 }
 
-void encode_plan(CompletionPlan& plan, const std::vector<CompleteBatcher::SlotPtr>& batch) {
-  plan.update = encode_completions(batch, plan.members);
-  plan.member_keys.reserve(plan.members.size());
-  for (std::size_t i : plan.members) plan.member_keys.push_back(full_key(batch[i]->item.id));
+void encode_plan(CompletionPlan& plan, const std::vector<CompleteBatcher::SlotPtr>& batch,
+                 PgStore::HeldClaims* held) {
+  std::vector<std::int64_t> fences;
+  fences.reserve(plan.members.size());
+  for (std::size_t i : plan.members) fences.push_back(batch[i]->item.fence);
+  std::vector<std::optional<PgStore::HeldClaims::RowAddress>> rows;
+  if (held != nullptr) rows = held->rows_of(fences);
+  std::vector<PgStore::HeldClaims::RowAddress> addresses;
+  for (std::size_t m = 0; m < plan.members.size(); ++m) {
+    const bool known = m < rows.size() && rows[m];
+    auto& part = known ? plan.by_row : plan.by_key;
+    part.members.push_back(plan.members[m]);
+    part.member_keys.push_back(full_key(batch[plan.members[m]]->item.id));
+    if (known) addresses.push_back(*rows[m]);
+  }
+  if (!plan.by_row.members.empty()) {
+    plan.by_row.update = encode_completions(batch, plan.by_row.members, &addresses);
+  }
+  if (!plan.by_key.members.empty()) {
+    plan.by_key.update = encode_completions(batch, plan.by_key.members, nullptr);
+  }
 }
 
-// Each member learns whether its own write matched: a member the UPDATE did not return
-// was fenced (the caller then asks whether its very answer is recorded already).
-void answer_completions(const CompletionPlan& plan, const pg::Result& r,
-                        std::vector<CompleteBatcher::SlotPtr>& batch) {
+// Each member learns whether its own write matched. A member the UPDATE did not return
+// was fenced (by_key: the caller then asks whether its very answer is recorded already)
+// or, with an address, perhaps only moved (by_row: it runs again alone, by its key).
+// Returns how many by_row members were not found at their address.
+std::size_t answer_completions(const CompletionPlan::Part& part, bool by_row, const pg::Result& r,
+                               std::vector<CompleteBatcher::SlotPtr>& batch) {
   std::unordered_map<std::string, Completed> written;
   for (int row = 0; row < r.rows(); ++row) {
     auto done = completed_at(r, row, 3, Completion::recorded);
     if (r.columns() != 4 || !done) {
-      for (std::size_t i : plan.members) batch[i]->out = result<Completed>(bad_row());
-      return;
+      for (std::size_t i : part.members) batch[i]->out = result<Completed>(bad_row());
+      return 0;
     }
     written.emplace(full_key(r, row, 0), *done);
   }
-  for (std::size_t m = 0; m < plan.members.size(); ++m) {
-    auto it = plan.member_keys.empty() ? written.end() : written.find(plan.member_keys[m]);
-    batch[plan.members[m]]->out = it != written.end() ? it->second : Completed{Completion::fenced, 0};
+  std::size_t moved = 0;
+  for (std::size_t m = 0; m < part.members.size(); ++m) {
+    auto& slot = batch[part.members[m]];
+    if (auto it = written.find(part.member_keys[m]); it != written.end()) {
+      slot->out = it->second;
+    } else if (by_row) {
+      ++moved;
+      CompleteBatcher::run_alone(slot);
+    } else {
+      slot->out = Completed{Completion::fenced, 0};
+    }
   }
+  return moved;
 }
 
 // One write cycle: the claims and the completions that are ready at the same moment go
@@ -1136,13 +1271,19 @@ asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
     co_return;
   }
   // A lone call above needs no arrays: encoded only now.
-  encode_plan(update, completions);
+  encode_plan(update, completions, core->held.get());
   std::vector<pg::Pool::Batched> statements;
   if (!update.members.empty()) {
     ++core->stats.completion_batches;
     core->stats.completions_batched += update.members.size();
+    core->stats.completions_by_row += update.by_row.members.size();
     if (core->on_batch) core->on_batch("complete", update.members.size());
-    statements.push_back({kCompleteBatch, std::move(update.update.params)});
+  }
+  if (!update.by_row.members.empty()) {
+    statements.push_back({kCompleteByRowBatch, std::move(update.by_row.update.params)});
+  }
+  if (!update.by_key.members.empty()) {
+    statements.push_back({kCompleteBatch, std::move(update.by_key.update.params)});
   }
   ClaimPlan plan;
   if (!claims.empty()) {
@@ -1165,7 +1306,12 @@ asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
     co_return;
   }
   std::size_t next = 0;
-  if (!update.members.empty()) answer_completions(update, (*r)[next++], completions);
+  if (!update.by_row.members.empty()) {
+    core->stats.completions_moved += answer_completions(update.by_row, true, (*r)[next++], completions);
+  }
+  if (!update.by_key.members.empty()) {
+    answer_completions(update.by_key, false, (*r)[next++], completions);
+  }
   if (!claims.empty()) {
     const pg::Result& won = (*r)[next++];
     answer_claims(*core, plan, won, plan.with_read ? &(*r)[next] : nullptr, claims);
@@ -1288,6 +1434,7 @@ asio::awaitable<void> run_with_partner(std::weak_ptr<PgStore::Core> core,
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching batching)
     : core_(std::make_shared<Core>()), held_(std::make_shared<HeldClaims>()) {
   core_->pool = std::move(pool);
+  core_->held = held_;
   core_->claim_read = claim_read;
   core_->lone_calls_batched = batching.lone_calls_batched;
   core_->on_batch = std::move(batching.on_batch);
@@ -1298,6 +1445,7 @@ PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, Batching 
 PgStore::PgStore(std::shared_ptr<pg::Pool> pool, ClaimRead claim_read, const PgStore& home)
     : core_(std::make_shared<Core>()), held_(home.held_), batchers_(home.batchers_), remote_(true) {
   core_->pool = std::move(pool);
+  core_->held = held_;
   core_->claim_read = claim_read;
   core_->lone_calls_batched = home.core_->lone_calls_batched;
 }

@@ -89,6 +89,10 @@ class PgStore final : public Store {
     std::uint64_t claims_batched = 0;
     std::uint64_t completion_batches = 0;
     std::uint64_t completions_batched = 0;
+    // Of those, sent with the row address their claim returned, and of these, how many
+    // were not found there (the row had moved) and ran again alone by their key.
+    std::uint64_t completions_by_row = 0;
+    std::uint64_t completions_moved = 0;
     std::uint64_t release_batches = 0;
     std::uint64_t releases_batched = 0;
     std::uint64_t renewal_batches = 0;

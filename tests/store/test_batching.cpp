@@ -993,3 +993,80 @@ TEST_CASE("batching: an answer over 256 KiB is completed by its own statement, b
                       return hex;
                     }()}) == 1);
 }
+
+// The batched completion reaches each row at the address its batched claim returned
+// (kCompleteByRowBatchSql) instead of descending the primary key. The address is only a
+// hint: a row that moved since its claim (renewed through the store, or rewritten behind
+// its back) is completed by its key, and one another owner took over stays fenced.
+TEST_CASE("batching: completions go to their claims' row addresses; a moved row is completed by its key") {
+  test::PgHarness h;
+  store::PgStore s(h.pool(), store::PgStore::ClaimRead::never, every_call_batched());
+  const std::vector<ClaimRequest> reqs = {
+      claim_req("tenant-a", "POST /orders", "a", "fp-a"),
+      claim_req("tenant-a", "POST /orders", "b", "fp-b"),
+      claim_req("tenant-b", "POST /orders", "c", "fp-c"),
+      claim_req("tenant-b", "POST /orders", "d", "fp-d"),
+  };
+  std::vector<asio::awaitable<result<ClaimResult>>> claims;
+  for (const auto& r : reqs) claims.push_back(s.claim(r));
+  auto won = all_at_once(h.ctx(), std::move(claims));
+  REQUIRE(s.batch_stats().claim_batches == 1);
+  std::vector<std::int64_t> fence;
+  for (auto& w : won) {
+    REQUIRE(w.has_value());
+    REQUIRE(w->won);
+    fence.push_back(w->owner.fence);
+  }
+  const RecordId& a = reqs[0].id;
+  const RecordId& b = reqs[1].id;
+  const RecordId& c = reqs[2].id;
+  const RecordId& d = reqs[3].id;
+  // b: renewed through the store, which then forgets its old address.
+  REQUIRE(h.run(s.renew(b, fence[1], 30s)).value());
+  // c: a new version of its row, written behind the store's back (what a table rewrite
+  // or another session's update does): the store's address for it is stale.
+  const auto ctid = [&](const RecordId& id) {
+    return h.sql().scalar("SELECT ctid::text FROM idempotency_requests WHERE tenant_id = $1"
+                          " AND endpoint = $2 AND idempotency_key = $3",
+                          {id.tenant, id.endpoint, id.key});
+  };
+  const auto c_was = ctid(c);
+  h.sql().exec("UPDATE idempotency_requests SET lease_expires_at = lease_expires_at + interval '1 ms'"
+               " WHERE idempotency_key = 'c'");
+  REQUIRE(ctid(c) != c_was);
+  // d: taken over by another owner (a new fence), its row moved too.
+  h.sql().exec("UPDATE idempotency_requests SET fencing_token = nextval('idempotency_fencing_tokens'),"
+               " attempt_token = attempt_token + 1 WHERE idempotency_key = 'd'");
+  const auto d_before = h.snapshot(d);
+
+  const auto ra = response(201, "1"), rb = response(201, "2"), rc = response(201, "3"),
+             rd = response(201, "4");
+  std::vector<asio::awaitable<result<Completed>>> calls;
+  calls.push_back(s.complete(a, fence[0], ra, 1h));
+  calls.push_back(s.complete(b, fence[1], rb, 1h));
+  calls.push_back(s.complete(c, fence[2], rc, 1h));
+  calls.push_back(s.complete(d, fence[3], rd, 1h));
+  auto out = all_at_once(h.ctx(), std::move(calls));
+
+  CHECK(s.batch_stats().completion_batches == 1);
+  CHECK(s.batch_stats().completions_batched == 4);
+  CHECK(s.batch_stats().completions_by_row == 3);  // a, c, d; b's address was dropped
+  CHECK(s.batch_stats().completions_moved == 2);   // c and d were not at their address
+  for (auto& r : out) REQUIRE(r.has_value());
+  CHECK(out[0]->outcome == Completion::recorded);
+  CHECK(out[1]->outcome == Completion::recorded);
+  CHECK(out[2]->outcome == Completion::recorded);
+  CHECK(out[3]->outcome == Completion::fenced);
+  const auto completed_with = [&](const RecordId& id, std::int64_t f, const store::StoredResponse& r) {
+    return count_rows(h.sql(),
+                      "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
+                      " AND fencing_token = $4::bigint AND state = 'completed'"
+                      " AND response_body = convert_to($5, 'UTF8') AND lease_expires_at IS NULL",
+                      {id.tenant, id.endpoint, id.key, std::to_string(f), r.body});
+  };
+  CHECK(completed_with(a, fence[0], ra) == 1);
+  CHECK(completed_with(b, fence[1], rb) == 1);
+  CHECK(completed_with(c, fence[2], rc) == 1);
+  CHECK(h.snapshot(d) == d_before);  // the stale owner wrote nothing
+  CHECK(h.row_count() == 4);
+}
