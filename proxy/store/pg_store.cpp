@@ -671,9 +671,9 @@ pg::PoolOptions pg_store_pool_options(std::string conninfo, std::size_t size,
 // renewal is no longer held by anyone (a retry takes it over): it is dropped when read.
 //
 // It also keeps where each batched claim's row was written (its ctid), so that the batched
-// completion reaches the row directly instead of descending the primary key again: a
-// tenth to a quarter of PostgreSQL's work per new key on a table larger than its buffers
-// (docs/performance.md, "Completions by row address"). The address is only a hint: the
+// completion reaches the row directly instead of descending the primary key again, whose
+// pages are mostly cold on a table larger than shared buffers (docs/performance.md,
+// "Completions by row address"). The address is only a hint: the
 // completion still names the full key and the fence, and a row that moved (a renewal,
 // a takeover, a table rewrite) is simply not found there and is completed by its key.
 struct PgStore::HeldClaims {
