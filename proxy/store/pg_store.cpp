@@ -713,8 +713,7 @@ struct PgStore::HeldClaims {
     }
   }
   // The row address of each fence, where known (one lock for a batch).
-  template <class Fences>
-  std::vector<std::optional<RowAddress>> rows_of(const Fences& fences) {
+  std::vector<std::optional<RowAddress>> rows_of(const std::vector<std::int64_t>& fences) {
     std::vector<std::optional<RowAddress>> out;
     out.reserve(fences.size());
     std::lock_guard lock(mutex);

@@ -78,15 +78,21 @@ std::set<std::string> tables_touched_by(test::Db& sql, F&& run) {
 // each partition's expires_at index once its statistics exist): a cost of the first
 // execution, not of a request. So the statement is prepared and executed once (rolled
 // back), and the second execution is measured.
-std::set<std::string> touched_by_execution(test::Db& sql, const std::string& statement,
-                                           const std::vector<std::string>& params) {
+// Prepares `statement` as "routed" and returns the EXECUTE that runs it with `params`.
+std::string prepare_routed(test::Db& sql, const std::string& statement,
+                           const std::vector<std::string>& params) {
   sql.exec("PREPARE routed AS " + statement);
   std::string execute = "EXECUTE routed(";
   for (std::size_t i = 0; i < params.size(); ++i) {
-    // The values are the test's own: '1', '{1}' and route names, no quote among them.
+    // The values are the test's own: '1', '{1}', a tid and route names, no quote among them.
     execute += (i ? ", '" : "'") + params[i] + "'";
   }
-  execute += ")";
+  return execute + ")";
+}
+
+std::set<std::string> touched_by_execution(test::Db& sql, const std::string& statement,
+                                           const std::vector<std::string>& params) {
+  const std::string execute = prepare_routed(sql, statement, params);
   sql.exec("BEGIN");
   sql.exec(execute);
   sql.exec("ROLLBACK");
@@ -100,10 +106,7 @@ std::set<std::string> touched_by_execution(test::Db& sql, const std::string& sta
 // (kCompleteByRowBatchSql), and a partition pruned at run time shows "(never executed)".
 std::set<std::string> scanned_by_execution(test::Db& sql, const std::string& statement,
                                            const std::vector<std::string>& params) {
-  sql.exec("PREPARE routed AS " + statement);
-  std::string execute = "EXECUTE routed(";
-  for (std::size_t i = 0; i < params.size(); ++i) execute += (i ? ", '" : "'") + params[i] + "'";
-  execute += ")";
+  const std::string execute = prepare_routed(sql, statement, params);
   // The sixth execution, as above: the plan cache has made its choice by then.
   for (int i = 0; i < 5; ++i) {
     sql.exec("BEGIN");
