@@ -48,6 +48,7 @@ constexpr const char* kClaimBatch = "idem_claim_batch";
 constexpr const char* kReadBatch = "idem_read_batch";
 constexpr const char* kCompleteBatch = "idem_complete_batch";
 constexpr const char* kCompleteByRowBatch = "idem_complete_by_row_batch";
+constexpr const char* kCompleteByRow = "idem_complete_by_row";
 constexpr const char* kReleaseBatch = "idem_release_batch";
 constexpr const char* kRenewBatch = "idem_renew_batch";
 
@@ -62,7 +63,8 @@ constexpr const char* kRenewBatch = "idem_renew_batch";
 // The claim is the whole race: the primary key decides, the loser gets no row back and
 // reads the winner's committed row in a new statement (a new READ COMMITTED snapshot).
 // Every claim draws a fencing token, the loser's is simply never used: a sequence value is
-// never handed out twice, which is the whole point (migration 0003).
+// never handed out twice, which is the whole point (migration 0003). RETURNING ends with
+// the row's address, which the completion uses (kCompleteByRowSql).
 constexpr const char* kClaimSql = R"sql(
 INSERT INTO idempotency_requests
   (tenant_id, endpoint, idempotency_key, request_fingerprint, principal, state,
@@ -74,7 +76,8 @@ VALUES ($1, $2, $3, $4, $5, 'in_progress', 1,
 ON CONFLICT (tenant_id, endpoint, idempotency_key) DO NOTHING
 RETURNING attempt_token, fencing_token,
           (extract(epoch FROM created_at) * 1000000)::bigint,
-          (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
+          (extract(epoch FROM expires_at) * 1000000)::bigint,
+          ctid)sql";
 
 // Column order is part of the contract with decode_record() below. A macro, so that the
 // lookup by operation id reads exactly the same columns.
@@ -193,6 +196,29 @@ SET state = 'completed',
     lease_expires_at = NULL,
     trace_id = NULLIF($11, '')
 WHERE tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
+  AND fencing_token = $4::bigint
+  AND state = 'in_progress'
+RETURNING (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
+
+// kCompleteSql for a claim this process made and whose row has not moved since: the
+// claim's RETURNING told where its row was written (HeldClaims), and a TID scan reaches
+// it there instead of a descent of the primary key (as kCompleteByRowBatchSql does for a
+// batch). Every condition of kCompleteSql still applies, so the address is only a hint:
+// when this matches nothing, kCompleteSql runs by the key and decides.
+constexpr const char* kCompleteByRowSql = R"sql(
+UPDATE idempotency_requests
+SET state = 'completed',
+    response_status = $5::integer,
+    response_headers = $6::jsonb,
+    response_body = $7::bytea,
+    response_body_omitted = $8::boolean,
+    resource_id = NULLIF($9, ''),
+    completed_at = now(),
+    expires_at = GREATEST(expires_at, now() + $10::bigint * interval '1 millisecond'),
+    lease_expires_at = NULL,
+    trace_id = NULLIF($11, '')
+WHERE ctid = $12::tid
+  AND tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3
   AND fencing_token = $4::bigint
   AND state = 'in_progress'
 RETURNING (extract(epoch FROM expires_at) * 1000000)::bigint)sql";
@@ -580,13 +606,15 @@ result<Record> decode_record(const pg::Result& r, int row = 0) {
 
 // RETURNING attempt_token, fencing_token, created_at, expires_at: one row = the write
 // happened.
-result<std::optional<Ownership>> returned_ownership(const pg::Result& r) {
+// `columns`: the statement's RETURNING, whose first four are the ownership (the claim's
+// adds its row address).
+result<std::optional<Ownership>> returned_ownership(const pg::Result& r, int columns = 4) {
   if (r.rows() == 0) return std::optional<Ownership>{};
   const auto attempt = r.int64(0, 0);
   const auto fence = r.int64(0, 1);
   const auto created = r.int64(0, 2);
   const auto expires = r.int64(0, 3);
-  if (r.columns() != 4 || !attempt || !fence || !created || !expires) return bad_row();
+  if (r.columns() != columns || !attempt || !fence || !created || !expires) return bad_row();
   return std::optional<Ownership>{Ownership{*attempt, *fence, *created, *expires}};
 }
 
@@ -612,6 +640,7 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
       {kReadBatch, kReadBatchSql},
       {kCompleteBatch, kCompleteBatchSql},
       {kCompleteByRowBatch, kCompleteByRowBatchSql},
+      {kCompleteByRow, kCompleteByRowSql},
       {kReleaseBatch, kReleaseBatchSql},
       {kRenewBatch, kRenewBatchSql},
   };
@@ -712,6 +741,16 @@ struct PgStore::HeldClaims {
       it->second.row.reset();
     }
   }
+  // Its row is no longer where the claim wrote it.
+  void forget_row(std::int64_t fence) {
+    std::lock_guard lock(mutex);
+    if (auto it = by_fence.find(fence); it != by_fence.end()) it->second.row.reset();
+  }
+  std::optional<RowAddress> row_of(std::int64_t fence) {
+    std::lock_guard lock(mutex);
+    auto it = by_fence.find(fence);
+    return it != by_fence.end() ? it->second.row : std::nullopt;
+  }
   // The row address of each fence, where known (one lock for a batch).
   std::vector<std::optional<RowAddress>> rows_of(const std::vector<std::int64_t>& fences) {
     std::vector<std::optional<RowAddress>> out;
@@ -773,6 +812,20 @@ namespace {
 
 using detail::ArrayParam;
 
+// A ctid as the server prints it, "(block,offset)"; nullopt for anything else (the
+// address is only a hint: HeldClaims).
+std::optional<PgStore::HeldClaims::RowAddress> row_address(std::string_view text) {
+  if (text.size() < 5 || text.front() != '(' || text.back() != ')') return std::nullopt;
+  const char* p = text.data() + 1;
+  const char* end = text.data() + text.size() - 1;
+  PgStore::HeldClaims::RowAddress at;
+  auto [after_block, ec1] = std::from_chars(p, end, at.block);
+  if (ec1 != std::errc{} || after_block == end || *after_block != ',') return std::nullopt;
+  auto [after_offset, ec2] = std::from_chars(after_block + 1, end, at.offset);
+  if (ec2 != std::errc{} || after_offset != end) return std::nullopt;
+  return at;
+}
+
 // The statements take the key as $1..$3; `extra` follows from $4. Parameters view their
 // strings, which live in the calling coroutine's frame until the call completes.
 std::vector<pg::Param> key_params(const RecordId& id, std::initializer_list<pg::Param> extra) {
@@ -787,6 +840,16 @@ std::vector<pg::Param> key_params(const RecordId& id, std::initializer_list<pg::
 
 // ------------------------------------------------------------------ one call, one statement
 
+// kClaimSql's answer: the ownership of a won claim, whose row address the process keeps
+// for the completion (HeldClaims; the caller holds the claim once it is answered).
+result<std::optional<Ownership>> claimed(PgStore::Core& core, const pg::Result& r) {
+  auto owner = returned_ownership(r, 5);
+  if (owner && *owner && core.held) {
+    if (const auto at = row_address(r.value(0, 4))) core.held->located((*owner)->fence, *at);
+  }
+  return owner;
+}
+
 asio::awaitable<result<ClaimResult>> claim_one(std::shared_ptr<PgStore::Core> core,
                                                const ClaimRequest& req) {
   const std::string lease = millis(req.lease);
@@ -797,7 +860,7 @@ asio::awaitable<result<ClaimResult>> claim_one(std::shared_ptr<PgStore::Core> co
   if (!core->read_with_claim()) {
     auto r = co_await core->pool->execute(kClaim, std::move(params));
     if (!r) co_return failed<ClaimResult>(r.error());
-    auto owner = returned_ownership(*r);
+    auto owner = claimed(*core, *r);
     if (!owner) co_return owner.error();
     core->count_claim(!*owner);
     if (!*owner) co_return ClaimResult{};
@@ -816,7 +879,7 @@ asio::awaitable<result<ClaimResult>> claim_one(std::shared_ptr<PgStore::Core> co
   statements.push_back({kRead, key_params(req.id, {})});
   auto r = co_await core->pool->execute_pipeline(std::move(statements));
   if (!r) co_return failed<ClaimResult>(r.error());
-  auto owner = returned_ownership((*r)[0]);
+  auto owner = claimed(*core, (*r)[0]);
   if (!owner) co_return owner.error();
   core->count_claim(!*owner);
   if (*owner) co_return ClaimResult{true, **owner};
@@ -865,7 +928,11 @@ asio::awaitable<result<Completed>> completed_already(std::shared_ptr<pg::Pool> p
   co_return completed_at(*already, 0, 0, Completion::already_recorded);
 }
 
-asio::awaitable<result<Completed>> complete_one(std::shared_ptr<pg::Pool> pool,
+// A completion on its own: at the row address its claim returned when the process still
+// knows it (kCompleteByRowSql, a TID scan), else by its key (kCompleteSql). A row not
+// found at its address may only have moved (a rewrite of the row by another session, a
+// table rewrite): the keyed statement then decides, and the address is forgotten.
+asio::awaitable<result<Completed>> complete_one(std::shared_ptr<PgStore::Core> core,
                                                 const RecordId& id, std::int64_t fence,
                                                 const StoredResponse& response,
                                                 Millis retention) {
@@ -876,10 +943,22 @@ asio::awaitable<result<Completed>> complete_one(std::shared_ptr<pg::Pool> pool,
   auto params = answer_params(id, token, status, headers, response);
   params.push_back(pg::Param::text(retention_ms));
   params.push_back(pg::Param::text(response.trace_id));
-  auto r = co_await pool->execute(kComplete, std::move(params));
+  const auto at = core->held ? core->held->row_of(fence) : std::nullopt;
+  if (at) {
+    const std::string address = "(" + std::to_string(at->block) + "," + std::to_string(at->offset) + ")";
+    auto by_row = params;
+    by_row.push_back(pg::Param::text(address));
+    auto r = co_await core->pool->execute(kCompleteByRow, std::move(by_row));
+    if (!r) co_return failed<Completed>(r.error());
+    ++core->stats.completions_alone_by_row;
+    if (r->rows() == 1) co_return completed_at(*r, 0, 0, Completion::recorded);
+    ++core->stats.completions_alone_moved;
+    core->held->forget_row(fence);
+  }
+  auto r = co_await core->pool->execute(kComplete, std::move(params));
   if (!r) co_return failed<Completed>(r.error());
   if (r->rows() == 1) co_return completed_at(*r, 0, 0, Completion::recorded);
-  co_return co_await completed_already(std::move(pool), id, fence, response);
+  co_return co_await completed_already(core->pool, id, fence, response);
 }
 
 // ------------------------------------------------------------------------------- batches
@@ -911,20 +990,6 @@ std::string full_key(const RecordId& id) { return full_key(id.tenant, id.endpoin
 // The key in columns first..first+2 of a row.
 std::string full_key(const pg::Result& r, int row, int first) {
   return full_key(r.value(row, first), r.value(row, first + 1), r.value(row, first + 2));
-}
-
-// A ctid as the server prints it, "(block,offset)"; nullopt for anything else (the
-// address is only a hint: HeldClaims).
-std::optional<PgStore::HeldClaims::RowAddress> row_address(std::string_view text) {
-  if (text.size() < 5 || text.front() != '(' || text.back() != ')') return std::nullopt;
-  const char* p = text.data() + 1;
-  const char* end = text.data() + text.size() - 1;
-  PgStore::HeldClaims::RowAddress at;
-  auto [after_block, ec1] = std::from_chars(p, end, at.block);
-  if (ec1 != std::errc{} || after_block == end || *after_block != ',') return std::nullopt;
-  auto [after_offset, ec2] = std::from_chars(after_block + 1, end, at.offset);
-  if (ec2 != std::errc{} || after_offset != end) return std::nullopt;
-  return at;
 }
 
 bool key_less(const RecordId& a, const RecordId& b) {
@@ -1104,9 +1169,9 @@ struct CompleteItem {
 using CompleteBatcher = detail::Batcher<CompleteItem, result<Completed>>;
 
 // A lone completion, on the batch's side (the slot, which owns the item, outlives it).
-asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<pg::Pool> pool,
+asio::awaitable<result<Completed>> complete_alone(std::shared_ptr<PgStore::Core> core,
                                                   const CompleteItem& c) {
-  co_return co_await complete_one(std::move(pool), c.id, c.fence, c.response, c.retention);
+  co_return co_await complete_one(std::move(core), c.id, c.fence, c.response, c.retention);
 }
 
 // Which members the UPDATE carries: each key once. A repeated key (two callers completing
@@ -1215,7 +1280,8 @@ void encode_plan(CompletionPlan& plan, const std::vector<CompleteBatcher::SlotPt
 // or, with an address, perhaps only moved (by_row: it runs again alone, by its key).
 // Returns how many by_row members were not found at their address.
 std::size_t answer_completions(const CompletionPlan::Part& part, bool by_row, const pg::Result& r,
-                               std::vector<CompleteBatcher::SlotPtr>& batch) {
+                               std::vector<CompleteBatcher::SlotPtr>& batch,
+                               PgStore::HeldClaims* held) {
   std::unordered_map<std::string, Completed> written;
   for (int row = 0; row < r.rows(); ++row) {
     auto done = completed_at(r, row, 3, Completion::recorded);
@@ -1232,6 +1298,8 @@ std::size_t answer_completions(const CompletionPlan::Part& part, bool by_row, co
       slot->out = it->second;
     } else if (by_row) {
       ++moved;
+      // Alone, it goes by its key (complete_one), not to the same address again.
+      if (held != nullptr) held->forget_row(slot->item.fence);
       CompleteBatcher::run_alone(slot);
     } else {
       slot->out = Completed{Completion::fenced, 0};
@@ -1265,7 +1333,7 @@ asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
       claims[0]->out = co_await claim_one(core, claims[0]->item.req);
     } else {
       auto& slot = completions[update.members[0]];
-      slot->out = co_await complete_alone(core->pool, slot->item);
+      slot->out = co_await complete_alone(core, slot->item);
     }
     co_return;
   }
@@ -1306,10 +1374,11 @@ asio::awaitable<void> run_cycle(std::shared_ptr<PgStore::Core> core,
   }
   std::size_t next = 0;
   if (!update.by_row.members.empty()) {
-    core->stats.completions_moved += answer_completions(update.by_row, true, (*r)[next++], completions);
+    core->stats.completions_moved += answer_completions(update.by_row, true, (*r)[next++], completions,
+                                                       core->held.get());
   }
   if (!update.by_key.members.empty()) {
-    answer_completions(update.by_key, false, (*r)[next++], completions);
+    answer_completions(update.by_key, false, (*r)[next++], completions, nullptr);
   }
   if (!claims.empty()) {
     const pg::Result& won = (*r)[next++];
@@ -1585,7 +1654,7 @@ asio::awaitable<result<Completed>> PgStore::complete_held(const RecordId& id, st
       co_return std::move(*out);
     }
   }
-  co_return co_await complete_one(std::move(pool), id, fence, response, retention);
+  co_return co_await complete_one(core_, id, fence, response, retention);
 }
 
 // A release or renewal: through its batcher when batching is on (a caller whose wait was

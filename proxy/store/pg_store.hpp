@@ -93,6 +93,10 @@ class PgStore final : public Store {
     // were not found there (the row had moved) and ran again alone by their key.
     std::uint64_t completions_by_row = 0;
     std::uint64_t completions_moved = 0;
+    // Completions sent alone (not counted above) with their claim's row address, and of
+    // these, how many were not found there and went by their key.
+    std::uint64_t completions_alone_by_row = 0;
+    std::uint64_t completions_alone_moved = 0;
     std::uint64_t release_batches = 0;
     std::uint64_t releases_batched = 0;
     std::uint64_t renewal_batches = 0;

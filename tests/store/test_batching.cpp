@@ -758,6 +758,33 @@ TEST_CASE("batching: the batched writes probe each member's key, whatever the st
   // entries in the in-progress index, as between two vacuums.
   add_rows("later-", 3000, true);
   check_all("analyzed before 3 000 more completions", true);
+
+  // The completion alone at its row's address (kCompleteByRowSql): a TID scan, no index
+  // entry read, in either plan mode; at a wrong address (the row moved), nothing written.
+  db.exec("PREPARE idem_complete_by_row AS " + statement_sql("idem_complete_by_row"));
+  const auto open_row = db.query("SELECT idempotency_key, fencing_token::text, ctid::text FROM "
+                                 "idempotency_requests WHERE tenant_id = 'plan-0' AND "
+                                 "idempotency_key LIKE 'open-%' ORDER BY idempotency_key LIMIT 1");
+  REQUIRE(open_row.size() == 1);
+  auto execute_one = [&](const std::string& address) {
+    std::string sql = "EXECUTE idem_complete_by_row('plan-0', 'POST /orders', " +
+                      quoted(open_row[0].at(0).value()) + ", " + open_row[0].at(1).value() +
+                      ", 201, '[]', '', false, '', 3600000, '', " + quoted(address) + ")";
+    return sql;
+  };
+  for (const char* mode : {"force_custom_plan", "force_generic_plan"}) {
+    db.exec("SELECT set_config('plan_cache_mode', $1, false)", {std::string(mode)});
+    INFO("idem_complete_by_row, plan_cache_mode " << std::string(mode));
+    const Reads at = reads_of(db, execute_one(open_row[0].at(2).value()), {});
+    CHECK(at.returned == 1);
+    CHECK(at.heap_rows == 0);
+    CHECK(at.index_entries == 0);
+    if (partitioned) CHECK(at.tables <= 1);
+    const Reads elsewhere = reads_of(db, execute_one("(0,1)"), {});
+    CHECK(elsewhere.returned == 0);
+    CHECK(elsewhere.index_entries == 0);
+  }
+  db.exec("SELECT set_config('plan_cache_mode', 'auto', false)");
 }
 
 namespace {
@@ -1070,6 +1097,8 @@ TEST_CASE("batching: completions go to their claims' row addresses; a moved row 
   CHECK(s.batch_stats().completions_batched == 4);
   CHECK(s.batch_stats().completions_by_row == 3);  // a, c, d; b's address was dropped
   CHECK(s.batch_stats().completions_moved == 2);   // c and d were not at their address
+  // ... and then ran alone by their key, not to the address that missed once already.
+  CHECK(s.batch_stats().completions_alone_by_row == 0);
   for (auto& r : out) REQUIRE(r.has_value());
   CHECK(out[0]->outcome == Completion::recorded);
   CHECK(out[1]->outcome == Completion::recorded);
@@ -1087,4 +1116,72 @@ TEST_CASE("batching: completions go to their claims' row addresses; a moved row 
   CHECK(completed_with(c, fence[2], rc) == 1);
   CHECK(h.snapshot(d) == d_before);  // the stale owner wrote nothing
   CHECK(h.row_count() == 4);
+}
+
+// A call that runs alone (one connection's traffic, or batching off) does the same: the
+// single claim returns its row's address (kClaimSql) and the single completion goes there
+// (kCompleteByRowSql). A row that moved since is completed by its key; one another owner
+// took over stays fenced, and the address is forgotten once it missed.
+TEST_CASE("batching: a completion alone goes to its claim's row address; a moved row by its key") {
+  for (const bool batching : {true, false}) {
+    for (const auto read : {store::PgStore::ClaimRead::never, store::PgStore::ClaimRead::always}) {
+      INFO("batching " << batching << ", read along " << (read == store::PgStore::ClaimRead::always));
+      test::PgHarness h;
+      store::PgBatching config;
+      config.enabled = batching;
+      store::PgStore s(h.pool(), read, config);
+      std::vector<RecordId> ids;
+      std::vector<std::int64_t> fence;
+      for (const char* key : {"a", "c", "d"}) {
+        auto won = h.run(s.claim(claim_req("tenant-a", "POST /orders", key, "fp")));
+        REQUIRE(won.has_value());
+        REQUIRE(won->won);
+        ids.push_back(RecordId{"tenant-a", "POST /orders", key});
+        fence.push_back(won->owner.fence);
+      }
+      CHECK(s.batch_stats().claim_batches == 0);  // every claim alone
+      // c: a new version of its row, written behind the store's back; d: taken over.
+      h.sql().exec("UPDATE idempotency_requests SET lease_expires_at = lease_expires_at + "
+                   "interval '1 ms' WHERE idempotency_key = 'c'");
+      h.sql().exec("UPDATE idempotency_requests SET fencing_token = "
+                   "nextval('idempotency_fencing_tokens'), attempt_token = attempt_token + 1 "
+                   "WHERE idempotency_key = 'd'");
+      const auto d_before = h.snapshot(ids[2]);
+
+      const auto ra = response(201, "1"), rc = response(201, "3"), rd = response(201, "4");
+      auto a = h.run(s.complete(ids[0], fence[0], ra, 1h));
+      CHECK(s.batch_stats().completions_alone_by_row == 1);
+      CHECK(s.batch_stats().completions_alone_moved == 0);
+      auto c = h.run(s.complete(ids[1], fence[1], rc, 1h));
+      CHECK(s.batch_stats().completions_alone_by_row == 2);
+      CHECK(s.batch_stats().completions_alone_moved == 1);
+      auto d = h.run(s.complete(ids[2], fence[2], rd, 1h));
+      CHECK(s.batch_stats().completions_alone_by_row == 3);
+      CHECK(s.batch_stats().completions_alone_moved == 2);
+      CHECK(s.batch_stats().completion_batches == 0);
+      REQUIRE(a.has_value());
+      REQUIRE(c.has_value());
+      REQUIRE(d.has_value());
+      CHECK(a->outcome == Completion::recorded);
+      CHECK(c->outcome == Completion::recorded);
+      CHECK(d->outcome == Completion::fenced);
+      const auto completed_with = [&](const RecordId& id, std::int64_t f, const store::StoredResponse& r) {
+        return count_rows(h.sql(),
+                          "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
+                          " AND fencing_token = $4::bigint AND state = 'completed'"
+                          " AND response_body = convert_to($5, 'UTF8') AND lease_expires_at IS NULL",
+                          {id.tenant, id.endpoint, id.key, std::to_string(f), r.body});
+      };
+      CHECK(completed_with(ids[0], fence[0], ra) == 1);
+      CHECK(completed_with(ids[1], fence[1], rc) == 1);
+      CHECK(h.snapshot(ids[2]) == d_before);  // the stale owner wrote nothing
+      CHECK(h.row_count() == 3);
+      // Completing a again (a retry whose first try committed): recorded before. Its claim
+      // is no longer held, so this goes by key.
+      auto again = h.run(s.complete(ids[0], fence[0], ra, 1h));
+      REQUIRE(again.has_value());
+      CHECK(again->outcome == Completion::already_recorded);
+      CHECK(s.batch_stats().completions_alone_by_row == 3);
+    }
+  }
 }

@@ -186,11 +186,12 @@ TEST_CASE("routing: every request-path statement touches its tenant's partition 
                                         batch ? "{1}" : "1");
         REQUIRE(!params.empty());
         params[0] = batch ? "{" + tenant + "}" : tenant;
-        // A row address (kCompleteByRowBatchSql): '1' is no tid.
-        static const std::regex tid_param(R"(\$([0-9]+)::tid\[\])");
+        // A row address (kCompleteByRowSql, kCompleteByRowBatchSql): '1' is no tid.
+        static const std::regex tid_param(R"(\$([0-9]+)::tid(\[\])?)");
         for (auto it = std::sregex_iterator(statement.sql.begin(), statement.sql.end(), tid_param);
              it != std::sregex_iterator(); ++it) {
-          params.at(static_cast<std::size_t>(std::stoi((*it)[1].str())) - 1) = "{\"(0,1)\"}";
+          params.at(static_cast<std::size_t>(std::stoi((*it)[1].str())) - 1) =
+              (*it)[2].matched ? "{\"(0,1)\"}" : "(0,1)";
         }
         const auto touched = touched_by_execution(sql, statement.sql, params);
         INFO(statement.name << " (" << std::string(mode) << ") for " << tenant << ": "
