@@ -659,11 +659,24 @@ const std::vector<pg::PreparedStatement>& pg_store_statements() {
 // statement with no other path still runs), whatever the statistics say at the moment a
 // plan is cached. tests/store/test_batching.cpp ("…whatever the statistics") runs the
 // statements prepared on a table that grows under them.
+//
+// And they always run the generic plan. Left to choose (plan_cache_mode auto), a session
+// compares the generic plan's estimate (ten members per array) with the average cost of
+// the custom plans it made so far, and the choice sticks either way: once generic, it
+// makes no more custom plans to compare with; once custom, each new custom plan keeps the
+// average where it is. A session that first ran small batches (a quiet start, then load)
+// planned the batched completion anew in every write cycle for its whole life: 14 % of
+// PostgreSQL's CPU in the planner, 1.3 x its CPU per new key against a session that
+// happened to go generic (docs/performance.md, "Generic plans, for good"). The generic
+// plans are the plans wanted: every statement probes by key, row address or expiry
+// whatever the parameters (the settings above, and test_batching.cpp and
+// test_routing.cpp check each statement in this mode, on a young table too).
 const std::vector<pg::SessionSetting>& pg_store_session_settings() {
   static const std::vector<pg::SessionSetting> settings = {
       {"enable_seqscan", "off"},
       {"enable_hashjoin", "off"},
       {"enable_mergejoin", "off"},
+      {"plan_cache_mode", "force_generic_plan"},
   };
   return settings;
 }

@@ -1185,3 +1185,48 @@ TEST_CASE("batching: a completion alone goes to its claim's row address; a moved
     }
   }
 }
+
+// The store's sessions run every prepared statement on its generic plan. Left to choose,
+// a session that first ran small batches keeps planning the batched completion anew in
+// every write cycle (its custom plans look cheaper than a generic plan estimated for ten
+// members), for as long as it lives: a seventh of PostgreSQL's CPU under load
+// (pg_store_session_settings()). One session, small batches first, then larger ones: no
+// statement made a custom plan.
+TEST_CASE("batching: the store's sessions plan each statement once, whatever batches came first") {
+  test::PgHarness h;
+  auto pool = pg::Pool::create(h.ctx().get_executor(), test::store_pool_options(1));
+  store::PgStore s(pool, store::PgStore::ClaimRead::never, every_call_batched());
+  int next = 0;
+  for (const std::size_t size : {2, 2, 3, 2, 2, 3, 2, 9, 9, 9, 9, 9}) {
+    std::vector<ClaimRequest> reqs;
+    for (std::size_t i = 0; i < size; ++i) {
+      reqs.push_back(claim_req("tenant-p", "POST /orders", "p" + std::to_string(next++), "fp"));
+    }
+    std::vector<asio::awaitable<result<ClaimResult>>> claims;
+    for (const auto& r : reqs) claims.push_back(s.claim(r));
+    auto won = all_at_once(h.ctx(), std::move(claims));
+    std::vector<asio::awaitable<result<Completed>>> completions;
+    const auto answer = response(201, "x");
+    for (std::size_t i = 0; i < size; ++i) {
+      REQUIRE(won[i].has_value());
+      REQUIRE(won[i]->won);
+      completions.push_back(s.complete(reqs[i].id, won[i]->owner.fence, answer, 1h));
+    }
+    for (auto& c : all_at_once(h.ctx(), std::move(completions))) {
+      REQUIRE(c.has_value());
+      CHECK(c->outcome == Completion::recorded);
+    }
+  }
+  CHECK(s.batch_stats().completions_by_row == static_cast<std::uint64_t>(next));
+  auto plans = h.run(pool->query(
+      "SELECT name, generic_plans, custom_plans FROM pg_prepared_statements "
+      "WHERE name IN ('idem_claim_batch', 'idem_complete_by_row_batch') ORDER BY name"));
+  REQUIRE(plans.has_value());
+  REQUIRE(plans->rows() == 2);
+  for (int row = 0; row < plans->rows(); ++row) {
+    INFO(plans->value(row, 0) << ": " << plans->value(row, 1) << " generic, "
+                              << plans->value(row, 2) << " custom plans");
+    CHECK(plans->int64(row, 1).value_or(0) == 12);  // one per cycle, all generic
+    CHECK(plans->int64(row, 2).value_or(-1) == 0);
+  }
+}
