@@ -58,6 +58,16 @@ std::int64_t count_rows(test::Db& db, std::string_view where, const test::SqlPar
                        params);
 }
 
+// Rows of `id` completed under fence `f` with `r`'s body, lease cleared.
+std::int64_t completed_with(test::Db& db, const RecordId& id, std::int64_t f,
+                            const store::StoredResponse& r) {
+  return count_rows(db,
+                    "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
+                    " AND fencing_token = $4::bigint AND state = 'completed'"
+                    " AND response_body = convert_to($5, 'UTF8') AND lease_expires_at IS NULL",
+                    {id.tenant, id.endpoint, id.key, std::to_string(f), r.body});
+}
+
 store::StoredResponse response(int status, std::string body) {
   store::StoredResponse r;
   r.status = status;
@@ -201,7 +211,7 @@ TEST_CASE("batching: completions in one batch each learn whether their own write
   CHECK(out[3]->expires_at_us > 0);
 
   // Each written row holds its own member's answer, under its own fence.
-  auto completed_with = [&](const RecordId& id, std::int64_t fence, const store::StoredResponse& r) {
+  auto recorded_with = [&](const RecordId& id, std::int64_t fence, const store::StoredResponse& r) {
     return count_rows(h.sql(),
                       "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
                       " AND fencing_token = $4::bigint AND state = 'completed'"
@@ -210,8 +220,8 @@ TEST_CASE("batching: completions in one batch each learn whether their own write
                       {id.tenant, id.endpoint, id.key, std::to_string(fence),
                        std::to_string(r.status), r.body});
   };
-  CHECK(completed_with(a, fa, ra) == 1);
-  CHECK(completed_with(c, fc, rc) == 1);
+  CHECK(recorded_with(a, fa, ra) == 1);
+  CHECK(recorded_with(c, fc, rc) == 1);
   // The stale owner changed nothing; the retried completion changed nothing.
   CHECK(h.snapshot(b) == b_before);
   CHECK(count_rows(h.sql(), "idempotency_key = 'b' AND state = 'in_progress' AND fencing_token = $1::bigint",
@@ -1104,16 +1114,9 @@ TEST_CASE("batching: completions go to their claims' row addresses; a moved row 
   CHECK(out[1]->outcome == Completion::recorded);
   CHECK(out[2]->outcome == Completion::recorded);
   CHECK(out[3]->outcome == Completion::fenced);
-  const auto completed_with = [&](const RecordId& id, std::int64_t f, const store::StoredResponse& r) {
-    return count_rows(h.sql(),
-                      "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
-                      " AND fencing_token = $4::bigint AND state = 'completed'"
-                      " AND response_body = convert_to($5, 'UTF8') AND lease_expires_at IS NULL",
-                      {id.tenant, id.endpoint, id.key, std::to_string(f), r.body});
-  };
-  CHECK(completed_with(a, fence[0], ra) == 1);
-  CHECK(completed_with(b, fence[1], rb) == 1);
-  CHECK(completed_with(c, fence[2], rc) == 1);
+  CHECK(completed_with(h.sql(), a, fence[0], ra) == 1);
+  CHECK(completed_with(h.sql(), b, fence[1], rb) == 1);
+  CHECK(completed_with(h.sql(), c, fence[2], rc) == 1);
   CHECK(h.snapshot(d) == d_before);  // the stale owner wrote nothing
   CHECK(h.row_count() == 4);
 }
@@ -1165,15 +1168,8 @@ TEST_CASE("batching: a completion alone goes to its claim's row address; a moved
       CHECK(a->outcome == Completion::recorded);
       CHECK(c->outcome == Completion::recorded);
       CHECK(d->outcome == Completion::fenced);
-      const auto completed_with = [&](const RecordId& id, std::int64_t f, const store::StoredResponse& r) {
-        return count_rows(h.sql(),
-                          "tenant_id = $1 AND endpoint = $2 AND idempotency_key = $3"
-                          " AND fencing_token = $4::bigint AND state = 'completed'"
-                          " AND response_body = convert_to($5, 'UTF8') AND lease_expires_at IS NULL",
-                          {id.tenant, id.endpoint, id.key, std::to_string(f), r.body});
-      };
-      CHECK(completed_with(ids[0], fence[0], ra) == 1);
-      CHECK(completed_with(ids[1], fence[1], rc) == 1);
+      CHECK(completed_with(h.sql(), ids[0], fence[0], ra) == 1);
+      CHECK(completed_with(h.sql(), ids[1], fence[1], rc) == 1);
       CHECK(h.snapshot(ids[2]) == d_before);  // the stale owner wrote nothing
       CHECK(h.row_count() == 3);
       // Completing a again (a retry whose first try committed): recorded before. Its claim
