@@ -9,8 +9,8 @@
 -- whole primary key, tenant_id first, so each touches one partition; only retention
 -- cleanup reads them all.
 --
--- Run it once, on schema version 8, 9 or 10 (it refuses any other: a later migration may need it
--- updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
+-- Run it once, on schema version 8, 9, 10 or 11 (it refuses any other: a later migration may
+-- need it updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
 --   PGOPTIONS='-c idemproxy.partitions=16' psql "$DATABASE_URL" -v ON_ERROR_STOP=1 \
@@ -35,9 +35,10 @@ BEGIN
   END IF;
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
   -- 8, 9 once the contract migration 0009 dropped the in-progress index, 10 after 0010's
-  -- fillfactor (with or without 0009: the index is carried over only where it exists).
-  IF version IS NULL OR version NOT IN (8, 9, 10) THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8, 9 and 10, the database is at %', version
+  -- fillfactor (with or without 0009: the index is carried over only where it exists), 11
+  -- after 0011's one CHECK constraint.
+  IF version IS NULL OR version NOT IN (8, 9, 10, 11) THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8 to 11, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN
@@ -60,7 +61,8 @@ BEGIN
     RENAME TO idempotency_requests_unpartitioned_in_progress_idx;
 
   -- Columns (in order), NOT NULLs, defaults (the fencing token's nextval among them) and
-  -- CHECK constraints, as migrations 0001, 0003 and 0006 made them.
+  -- CHECK constraints, as migrations 0001, 0003 and 0006 made them (0011: the one that
+  -- replaces 0001's and 0006's).
   CREATE TABLE idempotency_requests
     (LIKE idempotency_requests_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
     PARTITION BY HASH (tenant_id);

@@ -240,8 +240,11 @@ TEST_CASE("online migrations: from schema 2 with rows, past a long transaction, 
                   " AND attname = 'fencing_token'") == "t");
   CHECK(db.scalar_int("SELECT count(*) FROM pg_constraint WHERE conname ="
                       " 'idempotency_requests_fencing_token_not_null'") == 0);
+  // 0006's trace_id CHECK and 0001's four went into 0011's one, validated.
   CHECK(db.scalar("SELECT convalidated FROM pg_constraint WHERE conname ="
-                  " 'idempotency_requests_trace_id_format'") == "t");
+                  " 'idempotency_requests_record_check'") == "t");
+  CHECK(db.scalar_int("SELECT count(*) FROM pg_constraint WHERE contype = 'c' AND"
+                      " conrelid = 'idempotency_requests'::regclass") == 1);
 }
 
 TEST_CASE("online migrations: a step gives up after lock_wait and names the transaction it waited for") {
