@@ -166,6 +166,7 @@ std::string sidecar_config(const SidecarOptions& o) {
   put(out, "  ", "connect_timeout", o.database_connect_timeout, true);
   put(out, "  ", "statement_timeout", o.database_statement_timeout, true);
   put(out, "  ", "migrate", o.database_migrate);
+  put(out, "  ", "start_wait", o.database_start_wait, true);
 
   out << "tenant:\n";
   out << "  header: " << quote(o.tenant_header) << "\n";
@@ -243,7 +244,7 @@ void Sidecar::wait_for_log(std::string_view needle, std::size_t n, Millis timeou
       timeout, "the sidecar's log to show '" + std::string(needle) + "' " + std::to_string(n) + " time(s)");
 }
 
-void Sidecar::start() {
+void Sidecar::start(bool wait) {
   if (launch_.binary.empty()) {
     launch_.binary = idemproxy_binary();
   }
@@ -254,7 +255,7 @@ void Sidecar::start() {
       .env = launch_.env,
       .name = "idemproxy",
   });
-  if (launch_.wait_until_listening) {
+  if (wait && launch_.wait_until_listening) {
     wait_until_listening(launch_.start_timeout);
   }
 }
@@ -298,11 +299,11 @@ ExitStatus Sidecar::stop(Millis timeout) {
                 " ms of SIGTERM; its log ends with:\n" + tail);
 }
 
-void Sidecar::restart() {
+void Sidecar::restart(bool wait) {
   if (process_->running()) {
     stop();
   }
-  start();
+  start(wait);
 }
 
 void Sidecar::reload(std::string yaml) {

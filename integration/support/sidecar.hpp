@@ -78,6 +78,7 @@ struct SidecarOptions {
   std::string database_connect_timeout = "2s";
   std::string database_statement_timeout = "2s";
   std::string database_migrate = "auto";  // tests start on whatever schema is there
+  std::string database_start_wait;        // empty: the product default
 
   std::string tenant_header = "X-Tenant-Id";
   std::string principal_header;
@@ -142,7 +143,8 @@ class Sidecar {
   // within `timeout`, and then kills it.
   ExitStatus stop(Millis timeout = 10s);
   // Starts the process again with the current config file (after stop() or kill9()).
-  void restart();
+  // `wait` false: returns once the process is spawned (wait_until_listening() later).
+  void restart(bool wait = true);
   // The executable of the next start (a rolling upgrade starts another release).
   void set_binary(std::string binary) { launch_.binary = std::move(binary); }
   // Rewrites the config file and sends SIGHUP.
@@ -156,7 +158,7 @@ class Sidecar {
   std::string log_tail(std::size_t lines = 40) const;
 
  private:
-  void start();
+  void start(bool wait = true);
 
   SidecarLaunch launch_;
   std::uint16_t port_ = 0;

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <functional>
 #include <iostream>
+#include <thread>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
@@ -14,53 +15,85 @@
 #include "app/sidecar.hpp"
 #include "observability/logging.hpp"
 #include "common/time_text.hpp"
+#include "settings/detail.hpp"
 #include "store/migrations.hpp"
 
 namespace idem::app {
 namespace {
 
 // database.migrate: bring the schema up to date, or refuse to serve on one that is behind.
-bool prepare_database(const settings::Settings& cfg, const std::string& path) {
-  try {
-    switch (cfg.database.migrate) {
-      case settings::MigrateMode::automatic: {
-        store::MigrateOptions options;
-        options.connect_timeout = cfg.database.connect_timeout;
-        options.on_event = [](const store::MigrationEvent& e) {
-          if (e.kind == store::MigrationEvent::Kind::note || e.kind == store::MigrationEvent::Kind::step_retry) {
-            spdlog::info("migrate: {}{}", e.name.empty() ? "" : e.name + ": ", e.detail);
-          }
-        };
-        const auto report = store::apply_migrations(cfg.database.url, options);
-        for (int v : report.applied) spdlog::info("applied migration {}", v);
+// Returns whether to serve; throws store::DatabaseUnreachable when no host answered, and
+// any other exception for a failure that waiting would not end.
+bool prepare_database_once(const settings::Settings& cfg, const std::string& path) {
+  switch (cfg.database.migrate) {
+    case settings::MigrateMode::automatic: {
+      store::MigrateOptions options;
+      options.connect_timeout = cfg.database.connect_timeout;
+      options.on_event = [](const store::MigrationEvent& e) {
+        if (e.kind == store::MigrationEvent::Kind::note || e.kind == store::MigrationEvent::Kind::step_retry) {
+          spdlog::info("migrate: {}{}", e.name.empty() ? "" : e.name + ": ", e.detail);
+        }
+      };
+      const auto report = store::apply_migrations(cfg.database.url, options);
+      for (int v : report.applied) spdlog::info("applied migration {}", v);
+      return true;
+    }
+    case settings::MigrateMode::check: {
+      const auto check = store::check_schema(cfg.database.url, cfg.database.connect_timeout);
+      if (check.status == store::SchemaStatus::current) return true;
+      if (check.status == store::SchemaStatus::newer_compatible) {
+        // A replica of the previous release during a rolling upgrade, or one rolled
+        // back: the database says it may serve (docs/operations.md, "Upgrading").
+        spdlog::warn("database schema: {}: serving", check.detail);
         return true;
       }
-      case settings::MigrateMode::check: {
-        const auto check = store::check_schema(cfg.database.url, cfg.database.connect_timeout);
-        if (check.status == store::SchemaStatus::current) return true;
-        if (check.status == store::SchemaStatus::newer_compatible) {
-          // A replica of the previous release during a rolling upgrade, or one rolled
-          // back: the database says it may serve (docs/operations.md, "Upgrading").
-          spdlog::warn("database schema: {}: serving", check.detail);
-          return true;
-        }
-        if (check.status == store::SchemaStatus::incompatible) {
-          spdlog::critical("database schema: {}", check.detail);
-          return false;
-        }
-        spdlog::critical("database schema is not current ({}); run `idemproxy migrate --config {}` "
-                         "or set database.migrate: auto",
-                         check.detail, path);
+      if (check.status == store::SchemaStatus::incompatible) {
+        spdlog::critical("database schema: {}", check.detail);
         return false;
       }
-      case settings::MigrateMode::off:
-        return true;
+      spdlog::critical("database schema is not current ({}); run `idemproxy migrate --config {}` "
+                       "or set database.migrate: auto",
+                       check.detail, path);
+      return false;
     }
-  } catch (const std::exception& e) {
-    spdlog::critical("cannot prepare the database: {}", e.what());
-    return false;
+    case settings::MigrateMode::off:
+      return true;
   }
   return false;
+}
+
+// prepare_database_once(), waiting up to database.start_wait for a database that cannot be
+// reached: a replica started while PostgreSQL restarts or fails over (a deploy meeting a
+// maintenance, a node replaced) serves as soon as it answers, instead of exiting into its
+// orchestrator's restart back-off, which can keep it down for minutes after the database
+// is back. Nothing listens meanwhile (the replica is not ready, so nothing is routed to
+// it), and SIGTERM still ends the process at once: no handler is installed yet. The wait
+// is here and not in the migrator: `idemproxy migrate` is a one-shot command whose retry
+// belongs to whatever runs it.
+bool prepare_database(const settings::Settings& cfg, const std::string& path) {
+  const auto deadline = SteadyClock::now() + cfg.database.start_wait;
+  Millis pause{250};
+  for (;;) {
+    try {
+      return prepare_database_once(cfg, path);
+    } catch (const store::DatabaseUnreachable& e) {
+      const auto left = std::chrono::duration_cast<Millis>(deadline - SteadyClock::now());
+      if (left <= Millis{0}) {
+        spdlog::critical("cannot prepare the database: {} (no answer within database.start_wait, {})",
+                         e.what(), settings::detail::format_duration(cfg.database.start_wait));
+        return false;
+      }
+      const Millis wait = std::min(pause, left);
+      spdlog::warn("the database cannot be reached: {}; trying again in {} (database.start_wait: {} left)",
+                   e.what(), settings::detail::format_duration(wait),
+                   settings::detail::format_duration(left));
+      std::this_thread::sleep_for(wait);
+      pause = std::min(pause * 2, Millis{5000});
+    } catch (const std::exception& e) {
+      spdlog::critical("cannot prepare the database: {}", e.what());
+      return false;
+    }
+  }
 }
 
 // What an operator must see at start and after every reload: checks that are off, and the

@@ -432,7 +432,7 @@ void refuse_secret_scalar(const Loader& L, const Item& it, std::string_view keys
 void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
   refuse_secret_scalar(L, it, "url, pool_size, ...");
   Map m(L, it, {"url", "pool_size", "connect_timeout", "statement_timeout", "migrate",
-                "batching", "batch_max"});
+                "start_wait", "batching", "batch_max"});
   const auto url = m.required("url");
   d.url = L.text(url);
   if (d.url.empty()) {
@@ -448,6 +448,7 @@ void parse_database(const Loader& L, const Item& it, DatabaseSettings& d) {
   if (auto v = m.get("pool_size")) d.pool_size = static_cast<int>(L.integer(*v, 1, 1000));
   if (auto v = m.get("connect_timeout")) d.connect_timeout = L.duration(*v, kOneMs);
   if (auto v = m.get("statement_timeout")) d.statement_timeout = L.duration(*v, kOneMs);
+  if (auto v = m.get("start_wait")) d.start_wait = L.duration(*v, Millis{0});
   if (auto v = m.get("batching")) d.batching = L.boolean(*v);
   if (auto v = m.get("batch_max")) d.batch_max = static_cast<int>(L.integer(*v, 2, 1000));
   if (auto v = m.get("migrate")) {

@@ -383,6 +383,7 @@ void render_globals(YamlOut& y, const Settings& s) {
   y.line(2, "connect_timeout", format_duration(s.database.connect_timeout));
   y.line(2, "statement_timeout", format_duration(s.database.statement_timeout));
   y.line(2, "migrate", name(s.database.migrate));
+  y.line(2, "start_wait", format_duration(s.database.start_wait));
   y.line(2, "batching", yes_no(s.database.batching));
   y.line(2, "batch_max", std::to_string(s.database.batch_max));
 

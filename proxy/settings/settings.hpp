@@ -56,6 +56,10 @@ struct DatabaseSettings {
   Millis connect_timeout{5000};
   Millis statement_timeout{2000};
   MigrateMode migrate = MigrateMode::check;
+  // At start of `serve`, how long to keep trying to reach the database for `migrate`
+  // (check or auto) before exiting: a replica started while PostgreSQL restarts or fails
+  // over waits for it instead of exiting into its orchestrator's restart back-off.
+  Millis start_wait{30000};
   // Group commit: concurrent claims (and completions) on a worker share one statement
   // and one commit, at most batch_max per batch (store/pg_store.hpp).
   bool batching = true;

@@ -7,6 +7,7 @@
 
 #include "common/text.hpp"
 #include "pg/host_list.hpp"
+#include "store/migrations.hpp"
 
 namespace idem::store {
 namespace {
@@ -90,7 +91,7 @@ ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout) {
     if (!messages.empty()) messages += "; ";
     messages += scrubbed(trimmed_message(PQerrorMessage(conn.get())), secrets);
   }
-  throw std::runtime_error("cannot connect to PostgreSQL: " + messages);
+  throw DatabaseUnreachable("cannot connect to PostgreSQL: " + messages);
 }
 
 ResultPtr exec(PGconn* conn, const char* sql, const std::vector<std::string>& params,

@@ -21,7 +21,9 @@ using ConnPtr = std::unique_ptr<PGconn, ConnCloser>;
 using ResultPtr = std::unique_ptr<PGresult, ResultClearer>;
 
 // Tries each host of the list in turn (pg/host_list.hpp), each bounded by
-// `connect_timeout`. Throws std::runtime_error with libpq's messages, passwords scrubbed.
+// `connect_timeout`. Throws DatabaseUnreachable (store/migrations.hpp) with libpq's
+// messages, passwords scrubbed, when no host accepted the connection; std::runtime_error
+// when the connection string does not parse.
 ConnPtr connect_blocking(const std::string& conninfo, Millis connect_timeout);
 
 // Runs `sql` (several statements when there are no parameters); throws

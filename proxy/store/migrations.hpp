@@ -3,6 +3,7 @@
 // migrator. Migration runs before any event loop starts, so it uses blocking libpq.
 #include <functional>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,15 @@
 struct pg_conn;  // libpq's PGconn
 
 namespace idem::store {
+
+// What apply_migrations() and check_schema() throw when no host of the list accepted a
+// connection (refused, timed out, starting up or shutting down, out of connection slots,
+// a name that does not resolve, a refused login): the one failure that may end by
+// itself, which `serve` waits out for database.start_wait. Every other failure is a
+// plain std::runtime_error.
+struct DatabaseUnreachable : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 struct EmbeddedMigration {
   int version;

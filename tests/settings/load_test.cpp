@@ -163,6 +163,7 @@ TEST_CASE("an omitted key takes the documented default") {
   CHECK(s->upstream.max_response_body == 8u << 20);
   CHECK(s->database.pool_size == 8);
   CHECK(s->database.migrate == MigrateMode::check);
+  CHECK(s->database.start_wait == Millis(30000));
   CHECK(s->tenant.header == "X-Tenant-Id");
   CHECK(s->limits.max_header_bytes == 16u << 10);
   CHECK(s->limits.max_connections == 10000);
@@ -476,6 +477,13 @@ TEST_CASE("limits.drain_timeout: a duration, zero allowed") {
                      "negative");
   CHECK_CONFIG_ERROR(kMinimal + "limits:\n  drain_timeout: soon\n", 6, "limits.drain_timeout",
                      "invalid duration");
+}
+
+TEST_CASE("database.start_wait: a duration, zero allowed (one attempt)") {
+  CHECK(load(kMinimal + "  start_wait: 2m\n")->database.start_wait == Millis(120000));
+  CHECK(load(kMinimal + "  start_wait: 0s\n")->database.start_wait == Millis(0));
+  CHECK_CONFIG_ERROR(kMinimal + "  start_wait: -1s\n", 5, "database.start_wait", "negative");
+  CHECK_CONFIG_ERROR(kMinimal + "  start_wait: later\n", 5, "database.start_wait", "invalid duration");
 }
 
 TEST_CASE("replay_cache: switch, byte budget and ttl") {
