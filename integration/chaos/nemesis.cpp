@@ -183,7 +183,9 @@ void Nemesis::relax(const Fault& f) {
 
 void Nemesis::heal(const Fault& f) {
   switch (f.kind) {
-    case FaultKind::kill: topology_.start_replica(f.replica); break;
+    // Spawned only: it may need a fault of the same step (the database's links) healed
+    // first; the step's end waits for it to listen (run()).
+    case FaultKind::kill: topology_.spawn_replica(f.replica); break;
     case FaultKind::pause: topology_.signal_replica(f.replica, SIGCONT); break;
     case FaultKind::pg_restart_fast:
     case FaultKind::pg_restart_immediate: break;  // the restart was the whole fault
@@ -257,6 +259,16 @@ void Nemesis::run() {
       } catch (const std::exception& e) {
         ++errors_;
         event("error", f, std::string(what) + ": " + e.what());
+      }
+    }
+    // Every fault of the step is healed: a killed replica must be serving again.
+    for (const Fault& f : step.faults) {
+      if (f.kind != FaultKind::kill) continue;
+      try {
+        topology_.await_replica(f.replica);
+      } catch (const std::exception& e) {
+        ++errors_;
+        event("error", f, std::string("heal: ") + e.what());
       }
     }
     if (std::any_of(step.faults.begin(), step.faults.end(),

@@ -295,6 +295,23 @@ void Topology::start_replica(int r, Millis within) {
   });
 }
 
+void Topology::spawn_replica(int r) {
+  auto& replica = replicas_[r];
+  if (replica.paused) {
+    replica.sidecar->signal(SIGCONT);
+    replica.paused = false;
+  }
+  if (!replica.sidecar->running()) replica.sidecar->restart(false);
+}
+
+void Topology::await_replica(int r, Millis within) {
+  auto& replica = replicas_[r];
+  retry_until(within, "replica " + std::to_string(r) + " did not start again", [&] {
+    if (!replica.sidecar->running()) replica.sidecar->restart(false);
+    replica.sidecar->wait_until_listening(std::chrono::seconds(5));
+  });
+}
+
 void Topology::signal_replica(int r, int sig) {
   replicas_[r].sidecar->signal(sig);
   if (sig == SIGSTOP) replicas_[r].paused = true;

@@ -87,6 +87,13 @@ class Topology {
   void kill_replica(int replica);
   // Starts a killed replica again, retrying (PostgreSQL may be restarting) until `within`.
   void start_replica(int replica, Millis within = std::chrono::seconds(60));
+  // Starts a killed (or resumes a paused) replica without waiting for it to listen: a
+  // replica whose database is out of reach waits for it (database.start_wait), and the
+  // fault that keeps it out of reach may heal only after this one.
+  void spawn_replica(int replica);
+  // Waits until the replica listens, starting it again whenever it has exited, until
+  // `within`.
+  void await_replica(int replica, Millis within = std::chrono::seconds(60));
   void signal_replica(int replica, int sig);
 
   void kill_backend();
