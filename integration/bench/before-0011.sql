@@ -2,7 +2,7 @@
 -- before migration 0011 (0001's four and 0006's trace_id format), to count what 0011 saves:
 --   integration/bench/cycle-instructions before-0011=integration/bench/before-0011.sql
 BEGIN;
-ALTER TABLE idempotency_requests DROP CONSTRAINT idempotency_requests_record_check;
+ALTER TABLE idempotency_requests DROP CONSTRAINT IF EXISTS idempotency_requests_record_check;
 ALTER TABLE idempotency_requests
   ADD CONSTRAINT idempotency_requests_state_check CHECK (state IN ('in_progress', 'completed')),
   ADD CONSTRAINT idempotency_requests_attempt_token_check CHECK (attempt_token > 0),

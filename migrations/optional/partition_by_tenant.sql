@@ -9,7 +9,7 @@
 -- whole primary key, tenant_id first, so each touches one partition; only retention
 -- cleanup reads them all.
 --
--- Run it once, on schema version 8, 9, 10 or 11 (it refuses any other: a later migration may
+-- Run it once, on schema version 8 to 12 (it refuses any other: a later migration may
 -- need it updated), with the sidecars stopped or expecting a pause: it holds an ACCESS EXCLUSIVE
 -- lock on the table while it copies (roughly a second per few hundred thousand rows).
 --
@@ -36,9 +36,9 @@ BEGIN
   SELECT max(m.version) INTO version FROM idemproxy_schema_migrations m;
   -- 8, 9 once the contract migration 0009 dropped the in-progress index, 10 after 0010's
   -- fillfactor (with or without 0009: the index is carried over only where it exists), 11
-  -- after 0011's one CHECK constraint.
-  IF version IS NULL OR version NOT IN (8, 9, 10, 11) THEN
-    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8 to 11, the database is at %', version
+  -- after 0011's one CHECK constraint, 12 once 0012 dropped it.
+  IF version IS NULL OR version NOT IN (8, 9, 10, 11, 12) THEN
+    RAISE EXCEPTION 'partition_by_tenant.sql knows schema versions 8 to 12, the database is at %', version
       USING HINT = 'run `idemproxy migrate` first, or use the version of this script that matches';
   END IF;
   IF partitions < 2 OR partitions > 1024 THEN
@@ -62,7 +62,7 @@ BEGIN
 
   -- Columns (in order), NOT NULLs, defaults (the fencing token's nextval among them) and
   -- CHECK constraints, as migrations 0001, 0003 and 0006 made them (0011: the one that
-  -- replaces 0001's and 0006's).
+  -- replaces 0001's and 0006's; 0012: none).
   CREATE TABLE idempotency_requests
     (LIKE idempotency_requests_unpartitioned INCLUDING DEFAULTS INCLUDING CONSTRAINTS)
     PARTITION BY HASH (tenant_id);

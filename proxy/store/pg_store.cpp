@@ -12,6 +12,7 @@
 #include <string>
 #include <utility>
 
+#include "common/text.hpp"
 #include "store/batcher.hpp"
 #include "store/header_codec.hpp"
 #include "store/migrations.hpp"
@@ -542,6 +543,22 @@ enum ReadColumn {
   kReadColumns
 };
 
+// What the record table's CHECK constraint refused until migration 0012 dropped it (its
+// per-statement cost, docs/performance.md "No CHECK on the record"): the store's own
+// writers only write whole records, so a broken one was written by hand or by a damaged
+// writer, and nothing in it can be trusted to replay, to take over or to send as a header.
+// Answered as a store error instead.
+bool whole_record(const pg::Result& r, int row, State state, std::int64_t attempt) {
+  if (attempt < 1) return false;
+  if (state == State::in_progress && r.is_null(row, kColLeaseExpiresAt)) return false;
+  if (state == State::completed && (r.is_null(row, kColStatus) || r.is_null(row, kColCompletedAt))) {
+    return false;
+  }
+  // X-Idempotency-Trace-Id and the replay's span link carry it as read.
+  const std::string_view trace = r.value(row, kColTraceId);
+  return r.is_null(row, kColTraceId) || (trace.size() == 32 && text::is_lower_hex(trace));
+}
+
 // Reads the columns of IDEM_RECORD_COLUMNS in row `row`, which come first (a lookup may
 // add its own after: kFindOperationSql, kReadBatchSql).
 result<Record> decode_record(const pg::Result& r, int row = 0) {
@@ -566,7 +583,7 @@ result<Record> decode_record(const pg::Result& r, int row = 0) {
   const auto expires = r.int64(row, kColExpiresAt);
   const auto retention_remaining = r.int64(row, kColRetentionRemaining);
   if (!attempt || !fence || !expired || !lease_remaining || !created || !expires ||
-      !retention_remaining) {
+      !retention_remaining || !whole_record(r, row, rec.state, *attempt)) {
     return bad_row();
   }
   rec.attempt = *attempt;

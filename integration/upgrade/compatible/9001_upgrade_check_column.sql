@@ -5,7 +5,7 @@
 -- Numbered far above any release's migrations; compatible-from is this checkout's newest
 -- migration (tests/store/test_migration_script.cpp fails when a new one is added and this
 -- line is not moved with it).
--- idemproxy:compatible-from 11
+-- idemproxy:compatible-from 12
 SET lock_timeout = '100ms';
 SET statement_timeout = '10min';
 
