@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <future>
 #include <map>
+#include <regex>
 #include <set>
 #include <thread>
 
@@ -795,6 +796,44 @@ TEST_CASE("batching: the batched writes probe each member's key, whatever the st
     CHECK(elsewhere.index_entries == 0);
   }
   db.exec("SELECT set_config('plan_cache_mode', 'auto', false)");
+}
+
+// The batched statements walk their arrays in step in a subquery's select list (a
+// ProjectSet), never as `unnest($1, $2, ...)` in FROM, whose function scan fills a
+// tuplestore per array before its first row: about 4 % of PostgreSQL's instructions per
+// write cycle (docs/performance.md, "The batches' arrays in step"). Each statement's
+// generic plan, for a batch of one.
+TEST_CASE("batching: the batched statements unnest their arrays without a function scan") {
+  test::ScratchDatabase scratch("idem_batch_unnest");
+  store::apply_migrations(scratch.url(), Millis{5000});
+  test::Db db(scratch.url());
+  for (const auto& setting : store::pg_store_session_settings()) {
+    db.exec("SELECT set_config($1, $2, false)", {setting.name, setting.value});
+  }
+  static const std::regex param(R"(\$([0-9]+)::(\w+)\[\])");
+  std::size_t batched = 0;
+  for (const auto& statement : store::pg_store_statements()) {
+    if (statement.sql.find("unnest(") == std::string::npos) continue;
+    ++batched;
+    std::map<int, std::string> args;  // $n -> a one-element array literal of its type
+    for (auto it = std::sregex_iterator(statement.sql.begin(), statement.sql.end(), param);
+         it != std::sregex_iterator(); ++it) {
+      args[std::stoi((*it)[1].str())] = (*it)[2].str() == "tid" ? "'{\"(0,1)\"}'" : "'{1}'";
+    }
+    REQUIRE(!args.empty());
+    REQUIRE(args.rbegin()->first == static_cast<int>(args.size()));  // every $n an array
+    std::string execute = "EXPLAIN (COSTS OFF) EXECUTE " + statement.name + "(";
+    for (const auto& [n, literal] : args) execute += (n > 1 ? ", " : "") + literal;
+    db.exec("PREPARE " + statement.name + " AS " + statement.sql);
+    std::string plan;
+    db.exec("BEGIN");
+    for (const auto& row : db.query(execute + ")")) plan += row.at(0).value_or("") + "\n";
+    db.exec("ROLLBACK");
+    INFO(statement.name << ":\n" << plan);
+    CHECK(plan.find("ProjectSet") != std::string::npos);
+    CHECK(plan.find("Function Scan") == std::string::npos);
+  }
+  CHECK(batched == 6);  // claim, read, completion by key and by row, release, renewal
 }
 
 namespace {
