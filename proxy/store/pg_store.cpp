@@ -333,7 +333,7 @@ RETURNING previous_operation_id IS NOT NULL AND previous_operation_id <> $5 AS d
 // The arrays are unnested in the select list of a subquery, `(SELECT unnest($1), unnest($2),
 // …) AS u` (a ProjectSet node: the arrays walked in step, one row per element, in array
 // order), not as `unnest($1, $2, …)` in FROM (ROWS FROM: a function scan that sets up and
-// fills a tuplestore per array before its first row): the same rows, and about 5 % fewer
+// fills a tuplestore per array before its first row): the same rows, and 4–5 % fewer
 // of PostgreSQL's instructions per write cycle (docs/performance.md, "The batches'
 // arrays in step").
 

@@ -800,7 +800,7 @@ TEST_CASE("batching: the batched writes probe each member's key, whatever the st
 
 // The batched statements walk their arrays in step in a subquery's select list (a
 // ProjectSet), never as `unnest($1, $2, ...)` in FROM, whose function scan fills a
-// tuplestore per array before its first row: about 4 % of PostgreSQL's instructions per
+// tuplestore per array before its first row: 4–5 % of PostgreSQL's instructions per
 // write cycle (docs/performance.md, "The batches' arrays in step"). Each statement's
 // generic plan, for a batch of one.
 TEST_CASE("batching: the batched statements unnest their arrays without a function scan") {
